@@ -1,0 +1,72 @@
+"""tensorbridge: zero-copy tensor interchange for Python.
+
+A `Tensor` is a strided view of memory that someone else may own. tensorbridge imports and exports such
+views through DLPack (versioned and legacy capsules), the buffer protocol, ``__array_interface__``,
+``__cuda_array_interface__`` and Arrow, without copying, and with the safety checks PyTorch and NumPy lack.
+
+    >>> import tensorbridge as tb
+    >>> t = tb.arange(4)
+    >>> t2 = tb.from_dlpack(t); t2[:2] = -1
+    >>> t
+    tensor([-1, -1,  2,  3])
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["__version__"]
+
+from ._dtype import *  # noqa: F403  (dtype constants and PyTorch's aliases)
+from ._dtype import DType as dtype
+from ._dtype import __all__ as _dtype_all
+
+__all__ += [*_dtype_all, "dtype"]
+
+from ._device import DLDeviceType, Device, device
+
+__all__ += ["DLDeviceType", "Device", "device"]
+
+from ._layout import Size
+from ._tensor import Tensor, equal
+
+__all__ += ["Size", "Tensor", "equal"]
+
+from ._creation import (
+    arange,
+    as_tensor,
+    empty,
+    empty_like,
+    full,
+    full_like,
+    ones,
+    ones_like,
+    tensor,
+    zeros,
+    zeros_like,
+)
+
+__all__ += [
+    "arange", "as_tensor", "empty", "empty_like", "full", "full_like", "ones", "ones_like", "tensor",
+    "zeros", "zeros_like",
+]
+
+from ._format import get_printoptions, printoptions, set_printoptions
+
+__all__ += ["get_printoptions", "printoptions", "set_printoptions"]
+
+from ._dlpack import from_dlpack, to_dlpack
+
+__all__ += ["from_dlpack", "to_dlpack"]
+
+from ._buffer import frombuffer
+from ._file import from_file
+
+__all__ += ["from_file", "frombuffer"]
+
+from ._convert import asarray, from_pointer
+
+__all__ += ["asarray", "from_pointer"]
+
+from . import utils
+
+__all__ += ["utils"]

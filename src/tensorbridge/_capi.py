@@ -1,0 +1,79 @@
+"""The only user of ``ctypes.pythonapi``: private prototypes for the C-API calls tensorbridge needs.
+
+``ctypes.pythonapi.X.restype``/``argtypes`` are shared by every library in the process, so they are never
+touched here (dlpack.md §12.1). Each function is bound through its own ``PYFUNCTYPE`` prototype, which holds
+the GIL and turns a set Python error into an exception.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Final
+
+__all__ = [
+    "PY_BUF_FULL_RO",
+    "PY_BUF_ND",
+    "PY_BUF_WRITABLE",
+    "Py_buffer",
+    "PyBuffer_Release",
+    "PyCapsule_GetName",
+    "PyCapsule_GetPointer",
+    "PyCapsule_IsValid",
+    "PyCapsule_New",
+    "PyCapsule_SetName",
+    "PyObject_GetBuffer",
+]
+
+_api = ctypes.pythonapi
+_py, _vp, _cp, _int, _ssize = ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_ssize_t
+
+# Capsule destructor type: void (*)(PyObject *).
+PyCapsule_Destructor = ctypes.CFUNCTYPE(None, _vp)
+
+
+def _bind(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, _api))  # type: ignore[arg-type]
+
+
+PyCapsule_New: Final = _bind("PyCapsule_New", _py, _vp, _cp, _vp)
+PyCapsule_GetPointer: Final = _bind("PyCapsule_GetPointer", _vp, _py, _cp)
+PyCapsule_IsValid: Final = _bind("PyCapsule_IsValid", _int, _py, _cp)
+PyCapsule_GetName: Final = _bind("PyCapsule_GetName", _vp, _py)
+PyCapsule_SetName: Final = _bind("PyCapsule_SetName", _int, _py, _cp)
+PyCapsule_SetDestructor: Final = _bind("PyCapsule_SetDestructor", _int, _py, _vp)
+PyErr_Clear: Final = _bind("PyErr_Clear", None)
+
+
+class Py_buffer(ctypes.Structure):  # noqa: N801 (CPython's name)
+    """CPython's ``Py_buffer`` (Include/pybuffer.h), stable since 3.3."""
+
+    _fields_ = (
+        ("buf", _vp),
+        ("obj", _vp),
+        ("len", _ssize),
+        ("itemsize", _ssize),
+        ("readonly", _int),
+        ("ndim", _int),
+        ("format", _cp),
+        ("shape", ctypes.POINTER(_ssize)),
+        ("strides", ctypes.POINTER(_ssize)),
+        ("suboffsets", ctypes.POINTER(_ssize)),
+        ("internal", _vp),
+    )
+
+
+# Request flags (Include/pybuffer.h).
+PY_BUF_SIMPLE: Final = 0
+PY_BUF_WRITABLE: Final = 0x0001
+PY_BUF_FORMAT: Final = 0x0004
+PY_BUF_ND: Final = 0x0008
+PY_BUF_STRIDES: Final = 0x0010 | PY_BUF_ND
+PY_BUF_C_CONTIGUOUS: Final = 0x0020 | PY_BUF_STRIDES
+PY_BUF_FULL_RO: Final = 0x0100 | PY_BUF_STRIDES | PY_BUF_FORMAT  # INDIRECT | STRIDES | FORMAT
+PY_BUF_CONTIG_RO: Final = PY_BUF_ND
+
+PyObject_GetBuffer: Final = _bind("PyObject_GetBuffer", _int, _py, ctypes.POINTER(Py_buffer), _int)
+PyBuffer_Release: Final = _bind("PyBuffer_Release", None, ctypes.POINTER(Py_buffer))
+PyMemoryView_FromMemory: Final = _bind("PyMemoryView_FromMemory", _py, _vp, _ssize, _int)
+PyBUF_READ: Final = 0x100
+PyBUF_WRITE: Final = 0x200

@@ -1,0 +1,193 @@
+"""Devices: a value type naming where memory lives, and the DLPack device-type enum."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Final
+
+__all__ = ["DLDeviceType", "Device", "device"]
+
+
+class DLDeviceType(enum.IntEnum):
+    """DLPack ``DLDeviceType`` (dlpack.h v1.3). Values 5 and 6 are unassigned."""
+
+    kDLCPU = 1
+    kDLCUDA = 2
+    kDLCUDAHost = 3
+    kDLOpenCL = 4
+    kDLVulkan = 7
+    kDLMetal = 8
+    kDLVPI = 9
+    kDLROCM = 10
+    kDLROCMHost = 11
+    kDLExtDev = 12
+    kDLCUDAManaged = 13
+    kDLOneAPI = 14
+    kDLWebGPU = 15
+    kDLHexagon = 16
+    kDLMAIA = 17
+    kDLTrn = 18
+
+
+# tensorbridge device-type names, one per DLPack device type. Device types that PyTorch names
+# differently are accepted under PyTorch's name too (_ALIASES).
+_NAME_OF: Final[dict[DLDeviceType, str]] = {
+    DLDeviceType.kDLCPU: "cpu",
+    DLDeviceType.kDLCUDA: "cuda",
+    DLDeviceType.kDLCUDAHost: "cuda_host",
+    DLDeviceType.kDLOpenCL: "opencl",
+    DLDeviceType.kDLVulkan: "vulkan",
+    DLDeviceType.kDLMetal: "metal",
+    DLDeviceType.kDLVPI: "vpi",
+    DLDeviceType.kDLROCM: "rocm",
+    DLDeviceType.kDLROCMHost: "rocm_host",
+    DLDeviceType.kDLExtDev: "ext_dev",
+    DLDeviceType.kDLCUDAManaged: "cuda_managed",
+    DLDeviceType.kDLOneAPI: "oneapi",
+    DLDeviceType.kDLWebGPU: "webgpu",
+    DLDeviceType.kDLHexagon: "hexagon",
+    DLDeviceType.kDLMAIA: "maia",
+    DLDeviceType.kDLTrn: "trn",
+}
+_TYPE_OF: Final[dict[str, DLDeviceType]] = {name: code for code, name in _NAME_OF.items()}
+_ALIASES: Final[dict[str, str]] = {"mps": "metal", "xpu": "oneapi", "hip": "rocm"}
+
+# Memory a host CPU may read and write directly (the set NumPy's from_dlpack accepts).
+_HOST_ACCESSIBLE: Final = frozenset(
+    {DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost, DLDeviceType.kDLROCMHost, DLDeviceType.kDLCUDAManaged}
+)
+
+
+class Device:
+    """Where a tensor's memory lives: ``device(type='cuda', index=1)``.
+
+    ``tb.device("cpu")``, ``tb.device("cuda", 1)``, ``tb.device("cuda:1")`` and ``tb.device(other_device)``
+    are accepted. PyTorch's names ``mps``, ``xpu`` and ``hip`` map to the DLPack device types
+    Metal, oneAPI and ROCm.
+    """
+
+    __slots__ = ("_index", "_type")
+
+    _type: str
+    _index: int | None
+
+    def __new__(cls, type: Device | str, index: int | None = None) -> Device:  # noqa: A002 (torch's name)
+        if isinstance(type, Device):
+            if index is not None:
+                msg = f"device(): index given twice; got {type!r} and index={index!r}. Pass one of them."
+                raise TypeError(msg)
+            return type
+        if not isinstance(type, str):
+            msg = (f"device(): expected a device string such as 'cpu' or 'cuda:0'; got "
+                   f"{type!r} ({builtins_type_name(type)}).")
+            raise TypeError(msg)
+        name, sep, idx = type.partition(":")
+        if sep:
+            if index is not None:
+                msg = f"device(): type {type!r} already has an index; got index={index!r} too. Pass one of them."
+                raise ValueError(msg)
+            if not idx.isdigit():
+                msg = f"device(): invalid device string {type!r}; expected 'type' or 'type:index' like 'cuda:0'."
+                raise ValueError(msg)
+            index = int(idx)
+        name = _ALIASES.get(name, name)
+        if name not in _TYPE_OF:
+            msg = (f"device(): unknown device type {type!r}; expected one of "
+                   f"{', '.join(sorted(_TYPE_OF))}.")
+            raise ValueError(msg)
+        if index is not None:
+            if isinstance(index, bool) or not isinstance(index, int):
+                msg = f"device(): index must be an int; got {index!r}."
+                raise TypeError(msg)
+            if index < 0:
+                msg = f"device(): index must be non-negative; got {index!r}."
+                raise ValueError(msg)
+        self = super().__new__(cls)
+        object.__setattr__(self, "_type", name)
+        object.__setattr__(self, "_index", index)
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        msg = f"Device is immutable; cannot set {name!r}"
+        raise AttributeError(msg)
+
+    @property
+    def type(self) -> str:
+        """The device type name (``"cpu"``, ``"cuda"``, ...)."""
+        return self._type
+
+    @property
+    def index(self) -> int | None:
+        """The device number, or None when not given."""
+        return self._index
+
+    @property
+    def dlpack_type(self) -> DLDeviceType:
+        """The DLPack device type."""
+        return _TYPE_OF[self._type]
+
+    @property
+    def is_host_accessible(self) -> bool:
+        """True when the host CPU may dereference this memory."""
+        return _TYPE_OF[self._type] in _HOST_ACCESSIBLE
+
+    def to_dlpack(self) -> tuple[DLDeviceType, int]:
+        """``(device_type, device_id)`` as ``__dlpack_device__`` reports it (id 0 when unnumbered)."""
+        return _TYPE_OF[self._type], self._index or 0
+
+    @classmethod
+    def from_dlpack(cls, device_type: int, device_id: int) -> Device:
+        """The device for a DLPack ``(device_type, device_id)``; unknown types are a `BufferError`."""
+        try:
+            code = DLDeviceType(device_type)
+        except ValueError:
+            msg = f"Unsupported device_type: {device_type}"
+            raise BufferError(msg) from None
+        if code == DLDeviceType.kDLCPU:
+            return CPU
+        return cls(_NAME_OF[code], device_id if device_id >= 0 else None)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            try:
+                other = Device(other)
+            except (TypeError, ValueError):
+                return False
+        if not isinstance(other, Device):
+            return NotImplemented
+        return self._type == other._type and self._index == other._index
+
+    def __hash__(self) -> int:
+        return hash((self._type, self._index))
+
+    def __repr__(self) -> str:
+        if self._index is None:
+            return f"device(type='{self._type}')"
+        return f"device(type='{self._type}', index={self._index})"
+
+    def __str__(self) -> str:
+        return self._type if self._index is None else f"{self._type}:{self._index}"
+
+    def __reduce__(self) -> tuple[type[Device], tuple[str, int | None]]:
+        return Device, (self._type, self._index)
+
+
+def builtins_type_name(value: object) -> str:
+    return type(value).__name__
+
+
+device = Device
+CPU: Final = Device("cpu")
+
+
+def as_device(value: object, api: str) -> Device:
+    """Validate a ``device=`` argument (a `Device`, a string or an ``int`` CUDA index as PyTorch allows)."""
+    if isinstance(value, Device):
+        return value
+    if isinstance(value, str):
+        return Device(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return Device("cuda", value)
+    msg = (f"{api}(): device must be a tensorbridge.device or a string like 'cpu' or 'cuda:0'; "
+           f"got {value!r} ({type(value).__name__}).")
+    raise TypeError(msg)

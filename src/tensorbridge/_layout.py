@@ -1,0 +1,241 @@
+"""Pure integer arithmetic on shapes and strides (strides in elements). No ctypes, no memory.
+
+Everything here is a function of tuples of ints, so it is exhaustively property-tested against NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, SupportsIndex
+
+__all__ = [
+    "Size",
+    "as_shape",
+    "broadcast_shapes",
+    "contiguous_strides",
+    "extent",
+    "infer_shape",
+    "is_contiguous",
+    "normalize_dim",
+    "view_strides",
+]
+
+# DLPack and NumPy both cap dimensions at 64; nothing larger is representable downstream.
+MAX_NDIM: Final = 64
+
+
+class Size(tuple[int, ...]):
+    """A tensor shape: a tuple of ints, printed as ``tensorbridge.Size([2, 3])``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"tensorbridge.Size({list(self)!r})"
+
+    def numel(self) -> int:
+        """Number of elements a tensor of this shape holds."""
+        return math.prod(self)
+
+
+def _as_int(value: object, api: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        msg = f"{api}(): {what} must be an int; got {value!r} ({type(value).__name__})."
+        raise TypeError(msg)
+    return operator.index(value)
+
+
+def as_shape(args: Sequence[Any], api: str) -> tuple[int, ...]:
+    """Accept ``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` as PyTorch does; sizes must be >= 0."""
+    if len(args) == 1 and not isinstance(args[0], SupportsIndex):
+        if not isinstance(args[0], Iterable):
+            msg = f"{api}(): size must be a sequence of ints; got {args[0]!r} ({type(args[0]).__name__})."
+            raise TypeError(msg)
+        args = tuple(args[0])
+    shape = tuple(_as_int(s, api, "each size") for s in args)
+    for s in shape:
+        if s < 0:
+            msg = (f"{api}(): Trying to create tensor with negative dimension {s}: {list(shape)}. "
+                   f"Sizes must be non-negative.")
+            raise ValueError(msg)
+    if len(shape) > MAX_NDIM:
+        msg = f"{api}(): at most {MAX_NDIM} dimensions are supported; got {len(shape)}."
+        raise ValueError(msg)
+    return shape
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides (in elements) for ``shape``; size-0/1 dims get the stride they would have."""
+    strides = [0] * len(shape)
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(shape[i], 1)
+    return tuple(strides)
+
+
+def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when the layout is row-major compact; size-1 dims may have any stride, size-0 is contiguous."""
+    expected = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size == 0:
+            return True
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
+
+
+def extent(offset: int, shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
+    """``(lowest, highest)`` element index a layout touches, or None when it holds no element."""
+    low = high = offset
+    for size, stride in zip(shape, strides):
+        if size == 0:
+            return None
+        span = (size - 1) * stride
+        if span < 0:
+            low += span
+        else:
+            high += span
+    return low, high
+
+
+def normalize_dim(dim: object, ndim: int, api: str) -> int:
+    """Wrap a possibly negative dimension index; 0-d tensors accept -1 and 0 as PyTorch does."""
+    d = _as_int(dim, api, "dim")
+    n = max(ndim, 1)
+    if not -n <= d < n:
+        msg = f"{api}(): Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})"
+        raise IndexError(msg)
+    return d % n
+
+
+def infer_shape(numel: int, shape: Sequence[int], api: str) -> tuple[int, ...]:
+    """Resolve one ``-1`` in a requested shape against ``numel`` (PyTorch's ``infer_size``)."""
+    infer_at = None
+    known = 1
+    for i, s in enumerate(shape):
+        if s == -1:
+            if infer_at is not None:
+                msg = f"{api}(): only one dimension can be inferred; got shape {list(shape)}."
+                raise ValueError(msg)
+            infer_at = i
+        elif s < 0:
+            msg = f"{api}(): invalid shape dimension {s}; sizes must be non-negative or -1."
+            raise ValueError(msg)
+        else:
+            known *= s
+    result = list(shape)
+    if infer_at is not None and known != 0 and numel % known == 0:
+        result[infer_at] = numel // known
+    elif infer_at is not None or known != numel:
+        msg = f"{api}(): shape '{list(shape)}' is invalid for input of size {numel}"
+        raise ValueError(msg)
+    return tuple(result)
+
+
+def view_strides(
+    shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]
+) -> tuple[int, ...] | None:
+    """Strides that view ``(shape, strides)`` as ``new_shape`` without copying, or None if impossible.
+
+    This is PyTorch's ``computeStride``: walk the old dims from the back in chunks that are contiguous
+    among themselves, and carve each chunk into the new dims it must cover exactly.
+    """
+    numel = math.prod(shape)
+    if numel == 0:
+        return contiguous_strides(new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride = strides[-1] if strides else 1
+    tensor_numel = 1
+    view_numel = 1
+    for tensor_d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[tensor_d]
+        if tensor_d == 0 or (
+            shape[tensor_d - 1] != 1 and strides[tensor_d - 1] != tensor_numel * chunk_base_stride
+        ):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_base_stride = strides[tensor_d - 1]
+                tensor_numel = 1
+                view_numel = 1
+    if view_d != -1:
+        return None
+    return tuple(new_strides)
+
+
+def broadcast_shapes(*shapes: Sequence[int], api: str = "broadcast_shapes") -> tuple[int, ...]:
+    """NumPy/PyTorch broadcasting of several shapes; a mismatch is a `ValueError` naming both."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result = [1] * ndim
+    for shape in shapes:
+        for i, size in enumerate(shape, ndim - len(shape)):
+            if size != result[i]:
+                if result[i] == 1:
+                    result[i] = size
+                elif size != 1:
+                    msg = (f"{api}(): shape mismatch: objects cannot be broadcast to a single shape; "
+                           f"got {[list(s) for s in shapes]}.")
+                    raise ValueError(msg)
+    return tuple(result)
+
+
+def expand_strides(
+    shape: Sequence[int], strides: Sequence[int], target: Sequence[int], api: str
+) -> tuple[int, ...]:
+    """Strides viewing ``(shape, strides)`` broadcast to ``target``; ``-1`` in target keeps a size."""
+    if len(target) < len(shape):
+        msg = (f"{api}(): the number of sizes provided ({len(target)}) must be greater or equal to the "
+               f"number of dimensions in the tensor ({len(shape)})")
+        raise ValueError(msg)
+    lead = len(target) - len(shape)
+    out: list[int] = []
+    for i, want in enumerate(target):
+        if i < lead:
+            if want < 0:
+                msg = (f"{api}(): The expanded size of the tensor ({want}) isn't allowed in a leading, "
+                       f"non-existing dimension {i}")
+                raise ValueError(msg)
+            out.append(0)
+            continue
+        size, stride = shape[i - lead], strides[i - lead]
+        if want in (-1, size):
+            out.append(stride)
+        elif size == 1 and want >= 0:
+            out.append(0)
+        else:
+            msg = (f"{api}(): The expanded size of the tensor ({want}) must match the existing size "
+                   f"({size}) at non-singleton dimension {i}.  Target sizes: {list(target)}.  "
+                   f"Tensor sizes: {list(shape)}")
+            raise ValueError(msg)
+    return tuple(out)
+
+
+def coalesce(
+    shape: Sequence[int], *stride_sets: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride set.
+
+    Used by the copy routine so that each inner run is as long as possible.
+    """
+    dims = [i for i, s in enumerate(shape) if s != 1]
+    new_shape: list[int] = []
+    new_strides: list[list[int]] = [[] for _ in stride_sets]
+    for i in dims:
+        if new_shape and all(st[-1] == ss[i] * shape[i] for st, ss in zip(new_strides, stride_sets)):
+            new_shape[-1] *= shape[i]
+            for st, ss in zip(new_strides, stride_sets):
+                st[-1] = ss[i]
+        else:
+            new_shape.append(shape[i])
+            for st, ss in zip(new_strides, stride_sets):
+                st.append(ss[i])
+    return tuple(new_shape), tuple(tuple(st) for st in new_strides)

@@ -1,0 +1,149 @@
+"""Storage: one block of memory, one owner, shared by every view, released exactly once.
+
+A `Storage` names a byte range ``[ptr, ptr + nbytes)`` on a device and holds the *owner* object whose
+lifetime keeps that range valid. Views (tensors) hold the storage; when the last view dies the storage
+dies, the owner dies, and the owner releases the memory:
+
+* `_Allocation`   memory tensorbridge allocated (zeroed, 64-byte aligned); freed by Python's allocator.
+* `_HeldBuffer`   a ``Py_buffer`` export held open; ``PyBuffer_Release`` exactly once (compat.md F1).
+* `_DLPackOwner`  an imported DLPack managed tensor; its ``deleter`` called exactly once.
+* any object      for `from_pointer`: the caller's owner object is simply kept alive.
+
+Owners release in ``__del__`` rather than through ``weakref.finalize``: ``__del__`` runs exactly once per
+object (PEP 442), costs nothing at construction (finalize registers a global entry, ~1 µs, on the
+``from_dlpack`` hot path), and is guarded so that nothing runs once the interpreter is finalising — at that
+point leaking is the only safe choice (NumPy's ``Py_IsInitialized()`` guard, dlpack.md §4).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any, Final
+
+from . import _capi
+from ._device import CPU, Device
+
+__all__ = ["ALIGNMENT", "Storage", "allocate"]
+
+# 64 bytes: what JAX needs to import without copying (dlpack.md §12.6), and a cache line.
+ALIGNMENT: Final = 64
+
+_is_finalizing = sys.is_finalizing
+
+
+class Storage:
+    """A byte range ``[ptr, ptr + nbytes)`` on ``device``, kept valid by ``owner``.
+
+    Attributes:
+        ptr: address of byte 0 (an opaque handle value for memory the host cannot read).
+        nbytes: length of the range the views may touch.
+        device: where the memory lives.
+        readonly: True when nothing may be written through any view.
+        owner: the object whose lifetime keeps the memory valid.
+        is_copied: the producer handed over a private copy (DLPack ``IS_COPIED``).
+    """
+
+    __slots__ = ("__weakref__", "_mv", "device", "is_copied", "nbytes", "owner", "ptr", "readonly")
+
+    def __init__(
+        self, ptr: int, nbytes: int, device: Device, readonly: bool, owner: object, is_copied: bool = False
+    ) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.device = device
+        self.readonly = readonly
+        self.owner = owner
+        self.is_copied = is_copied
+        self._mv: memoryview | None = None
+
+    def host_view(self, api: str) -> memoryview:
+        """A writable unsigned-byte memoryview of the whole range; only for host-accessible memory.
+
+        The view does not keep the memory alive by itself: callers hold the storage while they use it.
+        """
+        mv = self._mv
+        if mv is None:
+            if not self.device.is_host_accessible:
+                msg = (f"{api}(): the tensor's memory is on {self.device} and cannot be read or written "
+                       f"on the host; export it to a library that runs on {self.device.type} instead.")
+                raise BufferError(msg)
+            if self.nbytes == 0:
+                mv = memoryview(bytearray(0))
+            else:
+                mv = memoryview((ctypes.c_char * self.nbytes).from_address(self.ptr)).cast("B")
+            self._mv = mv
+        return mv
+
+    def __repr__(self) -> str:
+        return (f"<Storage ptr=0x{self.ptr:x} nbytes={self.nbytes} device={self.device} "
+                f"readonly={self.readonly} owner={type(self.owner).__name__}>")
+
+
+class _Allocation:
+    """Zero-initialised host memory, aligned to `ALIGNMENT` bytes, owned by tensorbridge."""
+
+    __slots__ = ("_block", "ptr")
+
+    def __init__(self, nbytes: int) -> None:
+        # ctypes arrays are zero-filled; over-allocate to align the start.
+        try:
+            self._block = (ctypes.c_char * (nbytes + ALIGNMENT - 1))()
+        except (MemoryError, OverflowError):
+            msg = f"allocate(): cannot allocate {nbytes} bytes of host memory; the system is out of memory."
+            raise MemoryError(msg) from None
+        base = ctypes.addressof(self._block)
+        self.ptr = base + (-base % ALIGNMENT)
+
+
+def allocate(nbytes: int, device: Device = CPU) -> Storage:
+    """A new zeroed, 64-byte aligned host storage of ``nbytes`` bytes."""
+    if not device.is_host_accessible:
+        msg = (f"allocate(): tensorbridge allocates host memory only; cannot allocate on {device}. "
+               f"Create the tensor with a library for {device.type} and import it with from_dlpack().")
+        raise BufferError(msg)
+    block = _Allocation(nbytes)
+    return Storage(block.ptr, nbytes, CPU, False, block)
+
+
+class _HeldBuffer:
+    """A buffer export held open for the owner's lifetime (``PyObject_GetBuffer`` ... ``PyBuffer_Release``)."""
+
+    __slots__ = ("obj", "view")
+
+    def __init__(self, obj: object, flags: int) -> None:
+        self.view = _capi.Py_buffer()
+        _capi.PyObject_GetBuffer(obj, ctypes.byref(self.view), flags)
+        self.obj = obj  # strong reference; the Py_buffer also holds one in view.obj
+
+    def __del__(self) -> None:
+        if _is_finalizing() or not self.view.obj:
+            return  # leak rather than run C-API calls during shutdown
+        _capi.PyBuffer_Release(ctypes.byref(self.view))
+
+
+def hold_buffer(obj: object, flags: int) -> tuple[_HeldBuffer, _capi.Py_buffer]:
+    """Acquire ``obj``'s buffer with ``flags`` and return the owner that releases it exactly once."""
+    held = _HeldBuffer(obj, flags)
+    return held, held.view
+
+
+class _DLPackOwner:
+    """An imported DLPack managed tensor whose ``deleter`` runs exactly once, when the owner dies."""
+
+    __slots__ = ("deleter", "managed")
+
+    def __init__(self, managed: int, deleter: Any) -> None:
+        self.managed = managed
+        self.deleter = deleter  # a ctypes function pointer, or None for a NULL deleter
+
+    def __del__(self) -> None:
+        deleter, self.deleter = self.deleter, None
+        if deleter is None or _is_finalizing():
+            return
+        deleter(self.managed)
+
+
+def dlpack_owner(managed: int, deleter: Any) -> _DLPackOwner:
+    """The owner for an imported managed tensor at address ``managed`` (deleter may be None)."""
+    return _DLPackOwner(managed, deleter)

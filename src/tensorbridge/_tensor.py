@@ -1,0 +1,749 @@
+"""`Tensor`: a strided view of memory that someone else may own.
+
+A tensor is ``(storage, offset, shape, strides, dtype)`` with the offset and strides in elements. Its
+metadata never changes after construction (``requires_grad`` aside); every view shares the storage and
+never copies. Element access goes through the dtype's codec (`_codec`) and the one strided copy routine
+(`_memory.copy_region`); both run only on host-accessible memory, after a bounds check.
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from . import _codec, _dtype, _layout, _memory
+from ._device import CPU, Device, as_device
+from ._dtype import DType, as_dtype
+from ._indexing import Advanced, parse_index
+from ._layout import Size
+from ._storage import Storage, allocate
+
+__all__ = ["Tensor"]
+
+_GRAD_MSG = "only Tensors of floating point and complex dtype can require gradients"
+
+
+class Tensor:
+    """A strided, typed view of a block of memory on some device.
+
+    Create tensors with `tensorbridge.tensor`, `from_dlpack`, `frombuffer`, `asarray` and friends;
+    direct construction is refused. Views (indexing, `view`, `transpose`, ...) share the memory;
+    `clone`, `contiguous` on a non-contiguous tensor, and `to` with another dtype copy it.
+
+    The memory stays valid while any view lives: each tensor holds its storage, and the storage holds
+    the object that owns the memory (see `tensorbridge._storage`).
+    """
+
+    __slots__ = ("__weakref__", "_dtype", "_offset", "_requires_grad", "_shape", "_storage", "_strides")
+
+    _storage: Storage
+    _offset: int
+    _shape: Size
+    _strides: tuple[int, ...]
+    _dtype: DType
+    _requires_grad: bool
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Tensor:
+        msg = ("Tensor() cannot be constructed directly; use tensorbridge.tensor(data), "
+               "tensorbridge.from_dlpack(obj), tensorbridge.frombuffer(buf, dtype=...) or tensorbridge.asarray(obj).")
+        raise TypeError(msg)
+
+    @classmethod
+    def _make(
+        cls, storage: Storage, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType,
+        requires_grad: bool = False,
+    ) -> Tensor:
+        """Internal constructor, no validation: callers guarantee the layout lies inside the storage."""
+        self = object.__new__(cls)
+        self._storage = storage
+        self._offset = offset
+        self._shape = Size(shape)
+        self._strides = strides
+        self._dtype = dtype
+        self._requires_grad = requires_grad
+        return self
+
+    @classmethod
+    def _new(
+        cls, storage: Storage, offset: int, shape: Sequence[int], strides: Sequence[int], dtype: DType,
+        api: str = "Tensor._new",
+    ) -> Tensor:
+        """Validated constructor: the layout must lie inside the storage (overflow-free Python ints)."""
+        shape, strides = tuple(shape), tuple(strides)
+        check_bounds(storage, offset, shape, strides, dtype.itemsize, api)
+        return cls._make(storage, offset, shape, strides, dtype)
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def shape(self) -> Size:
+        """The size of each dimension (a `Size`, a tuple of ints)."""
+        return self._shape
+
+    def size(self, dim: int | None = None) -> Any:
+        """The shape, or the size of dimension ``dim``."""
+        if dim is None:
+            return self._shape
+        return self._shape[_layout.normalize_dim(dim, self.ndim, "size")] if self._shape else 1
+
+    @property
+    def dtype(self) -> DType:
+        """The element type."""
+        return self._dtype
+
+    @property
+    def device(self) -> Device:
+        """Where the memory lives."""
+        return self._storage.device
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self._shape)
+
+    def dim(self) -> int:
+        """Number of dimensions."""
+        return len(self._shape)
+
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self._shape)
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return self._dtype.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self._dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the elements occupy (``numel() * element_size()``), as in PyTorch."""
+        return self.numel() * self._dtype.itemsize
+
+    def stride(self, dim: int | None = None) -> Any:
+        """Strides in elements, or the stride of dimension ``dim``."""
+        if dim is None:
+            return self._strides
+        return self._strides[_layout.normalize_dim(dim, self.ndim, "stride")]
+
+    def storage_offset(self) -> int:
+        """Offset of the first element from the start of the storage, in elements."""
+        return self._offset
+
+    def data_ptr(self) -> int:
+        """Address of the first element (0 for an empty tensor whose producer gave no memory)."""
+        return self._storage.ptr + self._offset * self._dtype.itemsize
+
+    def is_contiguous(self) -> bool:
+        """True when the elements are compact in row-major order."""
+        return _layout.is_contiguous(self._shape, self._strides)
+
+    @property
+    def is_readonly(self) -> bool:
+        """True when the memory must not be written (read-only buffer, ``READ_ONLY`` capsule, ...)."""
+        return self._storage.readonly
+
+    @property
+    def is_cpu(self) -> bool:
+        """True for plain CPU memory."""
+        return self._storage.device.type == "cpu"
+
+    @property
+    def is_cuda(self) -> bool:
+        """True for CUDA device memory."""
+        return self._storage.device.type == "cuda"
+
+    @property
+    def requires_grad(self) -> bool:
+        """Carried for frameworks with autograd; blocks DLPack export as in PyTorch."""
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Set ``requires_grad`` in place; only floating and complex tensors may require gradients."""
+        if requires_grad and self._dtype.kind not in "fc":
+            raise RuntimeError(_GRAD_MSG)
+        self._requires_grad = builtins.bool(requires_grad)
+        return self
+
+    def detach(self) -> Tensor:
+        """A view of the same memory that does not require gradients."""
+        return Tensor._make(self._storage, self._offset, self._shape, self._strides, self._dtype)
+
+    # ------------------------------------------------------------------ views
+    def _view(self, offset: int, shape: Sequence[int], strides: Sequence[int]) -> Tensor:
+        return Tensor._make(
+            self._storage, offset, tuple(shape), tuple(strides), self._dtype, self._requires_grad
+        )
+
+    def view(self, *shape: Any) -> Tensor:
+        """The same memory with another shape; raises when the strides make that impossible."""
+        if len(shape) == 1 and isinstance(shape[0], DType):
+            return self._view_dtype(shape[0])
+        new_shape = _layout.infer_shape(self.numel(), _layout_args(shape, "view"), "view")
+        strides = _layout.view_strides(self._shape, self._strides, new_shape)
+        if strides is None:
+            msg = ("view size is not compatible with input tensor's size and stride (at least one dimension "
+                   "spans across two contiguous subspaces). Use .reshape(...) instead.")
+            raise RuntimeError(msg)
+        return self._view(self._offset, new_shape, strides)
+
+    def _view_dtype(self, dtype: DType) -> Tensor:
+        if dtype.itemsize != self._dtype.itemsize:
+            msg = (f"view(): viewing a tensor of {self._dtype} as {dtype} needs equal element sizes "
+                   f"({self._dtype.itemsize} != {dtype.itemsize}); got {dtype!r}.")
+            raise RuntimeError(msg)
+        return Tensor._make(self._storage, self._offset, self._shape, self._strides, dtype)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        """A view with the new shape when possible, else a contiguous copy."""
+        new_shape = _layout.infer_shape(self.numel(), _layout_args(shape, "reshape"), "reshape")
+        strides = _layout.view_strides(self._shape, self._strides, new_shape)
+        if strides is None:
+            return self.contiguous().view(new_shape)
+        return self._view(self._offset, new_shape, strides)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Merge dims ``start_dim..end_dim`` into one (a view when possible)."""
+        if self.ndim == 0:
+            return self.reshape(1)
+        s = _layout.normalize_dim(start_dim, self.ndim, "flatten")
+        e = _layout.normalize_dim(end_dim, self.ndim, "flatten")
+        if s > e:
+            msg = "flatten() has invalid args: start_dim cannot come after end_dim"
+            raise ValueError(msg)
+        shape = (*self._shape[:s], math.prod(self._shape[s:e + 1]), *self._shape[e + 1:])
+        return self.reshape(shape)
+
+    def permute(self, *dims: Any) -> Tensor:
+        """A view with the dimensions reordered."""
+        order = [_layout.normalize_dim(d, self.ndim, "permute") for d in _layout_args(dims, "permute")]
+        if sorted(order) != list(range(self.ndim)):
+            msg = (f"permute(): dims must be a permutation of 0..{self.ndim - 1}; got {list(dims)}. "
+                   f"Each dimension must appear exactly once.")
+            raise ValueError(msg)
+        return self._view(self._offset, [self._shape[d] for d in order], [self._strides[d] for d in order])
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        """A view with two dimensions swapped."""
+        if self.ndim == 0:
+            _layout.normalize_dim(dim0, 0, "transpose")
+            _layout.normalize_dim(dim1, 0, "transpose")
+            return self._view(self._offset, (), ())
+        a = _layout.normalize_dim(dim0, self.ndim, "transpose")
+        b = _layout.normalize_dim(dim1, self.ndim, "transpose")
+        order = list(range(self.ndim))
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    swapaxes = transpose
+
+    def t(self) -> Tensor:
+        """Transpose of a tensor with at most 2 dimensions."""
+        if self.ndim > 2:
+            msg = f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D"
+            raise RuntimeError(msg)
+        return self.transpose(0, 1) if self.ndim == 2 else self._view(self._offset, self._shape, self._strides)
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 (PyTorch's name)
+        """All dimensions reversed."""
+        return self.permute(list(range(self.ndim - 1, -1, -1)))
+
+    @property
+    def mT(self) -> Tensor:  # noqa: N802 (PyTorch's name)
+        """The last two dimensions swapped (a batch of matrix transposes)."""
+        if self.ndim < 2:
+            msg = f"tensor.mT is only supported on matrices or batches of matrices. Got {self.ndim}-D tensor."
+            raise RuntimeError(msg)
+        return self.transpose(-2, -1)
+
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+        """Remove size-1 dimensions (all of them, or those named in ``dim``)."""
+        if dim is None:
+            keep = [i for i, s in enumerate(self._shape) if s != 1]
+        else:
+            dims = (dim,) if isinstance(dim, int) else tuple(dim)
+            drop = {_layout.normalize_dim(d, self.ndim, "squeeze") for d in dims}
+            keep = [i for i in range(self.ndim) if not (i in drop and self._shape[i] == 1)]
+        return self._view(self._offset, [self._shape[i] for i in keep], [self._strides[i] for i in keep])
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        """Insert a size-1 dimension at ``dim``."""
+        d = _layout.normalize_dim(dim, self.ndim + 1, "unsqueeze")
+        stride = self._strides[d] * self._shape[d] if d < self.ndim else 1
+        return self._view(
+            self._offset, (*self._shape[:d], 1, *self._shape[d:]), (*self._strides[:d], stride, *self._strides[d:])
+        )
+
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        """A view of ``length`` elements of dimension ``dim`` from ``start``."""
+        d = _layout.normalize_dim(dim, self.ndim, "narrow")
+        size = self._shape[d]
+        if not -size <= start <= size:
+            msg = f"start out of range (expected to be in range of [{-size}, {size}], but got {start})"
+            raise IndexError(msg)
+        start %= max(size, 1) if start < 0 else size + 1
+        if length < 0 or start + length > size:
+            msg = f"start ({start}) + length ({length}) exceeds dimension size ({size})."
+            raise RuntimeError(msg)
+        shape = list(self._shape)
+        shape[d] = length
+        return self._view(self._offset + start * self._strides[d] * (length > 0), shape, self._strides)
+
+    def expand(self, *sizes: Any) -> Tensor:
+        """A broadcast view: size-1 dims repeat with stride 0, new leading dims are added."""
+        target = _layout_args(sizes, "expand")
+        strides = _layout.expand_strides(self._shape, self._strides, target, "expand")
+        shape = [s if s != -1 else self._shape[i - (len(target) - self.ndim)] for i, s in enumerate(target)]
+        return self._view(self._offset, shape, strides)
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        """`expand` to ``other``'s shape."""
+        return self.expand(other.shape)
+
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        """Views of each slice along ``dim``."""
+        d = _layout.normalize_dim(dim, self.ndim, "unbind")
+        shape = self._shape[:d] + self._shape[d + 1:]
+        strides = self._strides[:d] + self._strides[d + 1:]
+        return tuple(self._view(self._offset + i * self._strides[d], shape, strides) for i in range(self._shape[d]))
+
+    def as_strided(self, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Tensor:
+        """A view with an explicit layout, checked to lie inside the storage (PyTorch does not check)."""
+        shape = _layout.as_shape((size,), "as_strided")
+        strides = tuple(_layout_args((stride,), "as_strided"))
+        if len(strides) != len(shape):
+            msg = (f"as_strided(): mismatch in length of strides and shape; got size {list(shape)} and "
+                   f"stride {list(strides)}.")
+            raise ValueError(msg)
+        offset = self._offset if storage_offset is None else storage_offset
+        check_bounds(self._storage, offset, shape, strides, self._dtype.itemsize, "as_strided")
+        return self._view(offset, shape, strides)
+
+    # ------------------------------------------------------------------ element access
+    def _region(self, api: str) -> tuple[memoryview, int, tuple[int, ...], tuple[int, ...], int]:
+        return self._storage.host_view(api), self._offset, self._strides, self._shape, self._dtype.itemsize
+
+    def _bytes(self, api: str) -> bytearray:
+        """The elements packed row-major (host memory only)."""
+        mv, offset, strides, shape, itemsize = self._region(api)
+        return _memory.gather(mv, offset, strides, shape, itemsize)
+
+    def _values(self, api: str) -> list[Any]:
+        """All elements as Python values, row-major."""
+        return _codec.unpack(self._dtype, self._bytes(api))
+
+    def _check_writable(self, api: str) -> None:
+        if self._storage.readonly:
+            msg = (f"{api}(): cannot write to a read-only tensor (its memory came from a read-only buffer "
+                   f"or a READ_ONLY DLPack capsule). Write to a clone() instead.")
+            raise ValueError(msg)
+
+    def tolist(self) -> Any:
+        """Nested Python lists of the elements (a scalar for a 0-d tensor)."""
+        values = self._values("tolist")
+        return _nest(values, self._shape)
+
+    def item(self) -> Any:
+        """The single element as a Python scalar."""
+        if self.numel() != 1:
+            msg = f"a Tensor with {self.numel()} elements cannot be converted to Scalar"
+            raise RuntimeError(msg)
+        return self._values("item")[0]
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            msg = f"Boolean value of Tensor with {'more than one value' if self.numel() else 'no values'} is ambiguous"
+            raise RuntimeError(msg)
+        return builtins.bool(self.item())
+
+    def __int__(self) -> int:
+        return int(self._scalar("__int__").real if self._dtype.kind == "c" else self._scalar("__int__"))
+
+    def __float__(self) -> float:
+        return builtins.float(self._scalar("__float__"))
+
+    def __complex__(self) -> complex:
+        return complex(self._scalar("__complex__"))
+
+    def __index__(self) -> int:
+        if self._dtype.kind not in "iub" or self.numel() != 1:
+            msg = "only integer tensors of a single element can be converted to an index"
+            raise TypeError(msg)
+        return int(self.item())
+
+    def _scalar(self, api: str) -> Any:
+        if self.numel() != 1:
+            msg = f"{api}(): only one element tensors can be converted to Python scalars; got {self.numel()} elements."
+            raise TypeError(msg)
+        return self.item()
+
+    def __len__(self) -> int:
+        if not self._shape:
+            msg = "len() of a 0-d tensor"
+            raise TypeError(msg)
+        return self._shape[0]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        if not self._shape:
+            msg = "iteration over a 0-d tensor"
+            raise TypeError(msg)
+        return iter(self.unbind(0))
+
+    def __getitem__(self, key: Any) -> Tensor:
+        basic = parse_index(key, self._shape, self._strides)
+        view = self._view(self._offset + basic.offset, basic.shape, basic.strides)
+        if not basic.advanced:
+            return view
+        return view._gather_advanced(basic.advanced)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._check_writable("__setitem__")
+        basic = parse_index(key, self._shape, self._strides)
+        view = self._view(self._offset + basic.offset, basic.shape, basic.strides)
+        if not basic.advanced:
+            view._assign(value, "__setitem__")
+            return
+        blocks, out_shape, post_shape, post_strides = view._advanced_blocks(basic.advanced)
+        source = _as_source(value, self._dtype, "__setitem__").expand(out_shape).contiguous()
+        data = memoryview(source._bytes("__setitem__"))
+        mv = self._storage.host_view("__setitem__")
+        block_bytes = math.prod(post_shape) * self._dtype.itemsize
+        for i, base in enumerate(blocks):
+            _memory.scatter(mv, base, post_strides, post_shape, self._dtype.itemsize,
+                            data[i * block_bytes:(i + 1) * block_bytes])
+
+    def _advanced_blocks(
+        self, advanced: Sequence[Advanced]
+    ) -> tuple[list[int], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """Element offsets of each copied block, the result shape, and the block layout.
+
+        NumPy's rule: when the advanced dims are adjacent, the broadcast index shape replaces them in
+        place; otherwise it goes first.
+        """
+        shapes = [a.shape for a in advanced]
+        bshape = _layout.broadcast_shapes(*shapes, api="__getitem__")
+        index_lists = [_broadcast_values(a.values, a.shape, bshape) for a in advanced]
+        adv_dims = [a.dim for a in advanced]
+        rest = [d for d in range(self.ndim) if d not in adv_dims]
+        adjacent = adv_dims == list(range(adv_dims[0], adv_dims[0] + len(adv_dims)))
+        pre = [d for d in rest if d < adv_dims[0]] if adjacent else []
+        post = [d for d in rest if d not in pre]
+        adv_strides = [self._strides[d] for d in adv_dims]
+        adv_offsets = [
+            sum(i * s for i, s in zip(idx, adv_strides)) for idx in zip(*index_lists)
+        ] if index_lists and index_lists[0] else []
+        pre_ranges = [range(self._shape[d]) for d in pre]
+        pre_strides = [self._strides[d] for d in pre]
+        blocks = [
+            self._offset + sum(i * s for i, s in zip(p, pre_strides)) + a
+            for p in itertools.product(*pre_ranges)
+            for a in adv_offsets
+        ]
+        out_shape = (*[self._shape[d] for d in pre], *bshape, *[self._shape[d] for d in post])
+        return blocks, out_shape, tuple(self._shape[d] for d in post), tuple(self._strides[d] for d in post)
+
+    def _gather_advanced(self, advanced: Sequence[Advanced]) -> Tensor:
+        blocks, out_shape, post_shape, post_strides = self._advanced_blocks(advanced)
+        mv = self._storage.host_view("__getitem__")
+        itemsize = self._dtype.itemsize
+        out = bytearray()
+        for base in blocks:
+            out += _memory.gather(mv, base, post_strides, post_shape, itemsize)
+        return _from_bytes(out, out_shape, self._dtype, self.device, self._requires_grad)
+
+    def _assign(self, value: Any, api: str) -> None:
+        """Write a scalar, a tensor or nested sequence into every element of this view (broadcasting)."""
+        if isinstance(value, (builtins.bool, int, builtins.float, complex)):
+            self._fill(value, api)
+        else:
+            self._copy_from(_as_source(value, self._dtype, api), api)
+
+    def _fill(self, value: Any, api: str) -> None:
+        self._check_writable(api)
+        _codec.check_scalar(self._dtype, value, api)
+        element = _codec.pack(self._dtype, [value])
+        mv, offset, strides, shape, itemsize = self._region(api)
+        _memory.copy_region(mv, offset, strides, memoryview(element), 0, (0,) * len(shape), shape, itemsize)
+
+    def fill_(self, value: Any) -> Tensor:
+        """Set every element to ``value`` (a Python scalar or a one-element tensor)."""
+        if isinstance(value, Tensor):
+            if value.ndim != 0:
+                msg = (f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} "
+                       f"dimensions.")
+                raise RuntimeError(msg)
+            value = value.item()
+        self._fill(value, "fill_")
+        return self
+
+    def zero_(self) -> Tensor:
+        """Set every element to zero."""
+        return self.fill_(0)
+
+    def copy_(self, src: Any, non_blocking: bool = False) -> Tensor:
+        """Copy ``src`` (broadcast to this shape, converted to this dtype) into this tensor's memory."""
+        self._copy_from(_as_source(src, self._dtype, "copy_"), "copy_")
+        return self
+
+    def _copy_from(self, src: Tensor, api: str) -> None:
+        self._check_writable(api)
+        try:
+            src = src.expand(self._shape)
+        except ValueError:
+            msg = (f"{api}(): the source of shape {list(src.shape)} cannot be broadcast to the destination "
+                   f"shape {list(self._shape)}.")
+            raise RuntimeError(msg) from None
+        dst_mv = self._storage.host_view(api)
+        itemsize = self._dtype.itemsize
+        if src._dtype is not self._dtype:
+            data = _codec.pack(self._dtype, src._values(api))
+            _memory.scatter(dst_mv, self._offset, self._strides, self._shape, itemsize, data)
+        elif _overlaps(self, src):
+            _memory.scatter(dst_mv, self._offset, self._strides, self._shape, itemsize, src._bytes(api))
+        else:
+            src_mv = src._storage.host_view(api)
+            _memory.copy_region(dst_mv, self._offset, self._strides, src_mv, src._offset, src._strides,
+                                self._shape, itemsize)
+
+    # ------------------------------------------------------------------ copies and casts
+    def contiguous(self) -> Tensor:
+        """This tensor if already row-major compact, else a compact copy."""
+        if self.is_contiguous():
+            return self
+        return self.clone()
+
+    def clone(self) -> Tensor:
+        """A compact copy in new tensorbridge memory (writable, even if this tensor is read-only)."""
+        return _from_bytes(self._bytes("clone"), self._shape, self._dtype, self.device, self._requires_grad)
+
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
+        """Convert dtype and/or device: ``to(dtype)``, ``to(device)``, ``to(other)``, ``to(device, dtype)``.
+
+        Returns ``self`` when nothing changes and ``copy`` is False. Values follow `_codec`'s cast rules:
+        PyTorch's results for every value the target can represent, one documented rule otherwise.
+        """
+        dtype, device, copy = _parse_to_args(self, args, kwargs)
+        if dtype is self._dtype and device == self.device and not copy:
+            return self
+        if device != self.device and not (device.is_host_accessible and self.device.is_host_accessible):
+            msg = (f"to(): cannot move a tensor from {self.device} to {device}: tensorbridge does not copy "
+                   f"between devices. Export it with __dlpack__(dl_device=...) to a library that can.")
+            raise BufferError(msg)
+        if dtype is self._dtype:
+            return _from_bytes(self._bytes("to"), self._shape, dtype, device, self._requires_grad)
+        data = _codec.pack(dtype, self._values("to"))
+        return _from_bytes(data, self._shape, dtype, device, self._requires_grad and dtype.kind in "fc")
+
+    def type(self, dtype: DType | None = None) -> Any:
+        """The dtype name like PyTorch's ``'tensorbridge.FloatTensor'`` is not kept; returns `to(dtype)`."""
+        if dtype is None:
+            return repr(self._dtype)
+        return self.to(dtype)
+
+    def numpy(self, *, force: bool = False) -> Any:
+        """A NumPy array sharing this tensor's memory (needs NumPy)."""
+        return _interfaces.to_numpy(self, force=force)
+
+    # ------------------------------------------------------------------ comparisons
+    def equal(self, other: Tensor) -> bool:
+        """True when shapes and values are equal (NaN is never equal), as ``torch.equal``."""
+        return equal(self, other)
+
+    def __eq__(self, other: object) -> Any:
+        msg = ("Tensor.__eq__: elementwise comparison is arithmetic, which tensorbridge leaves to the "
+               "frameworks; use tensorbridge.equal(a, b) or compare tolist().")
+        raise TypeError(msg)
+
+    __hash__ = object.__hash__
+
+    # ------------------------------------------------------------------ printing
+    def __repr__(self) -> str:
+        return _format.format_tensor(self)
+
+    __str__ = __repr__
+
+    # ------------------------------------------------------------------ protocols (one module each)
+    def __dlpack__(
+        self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None
+    ) -> Any:
+        """Export as a DLPack capsule (versioned for ``max_version >= (1, 0)``); see `_dlpack`."""
+        return _dlpack.dlpack_export(self, stream, max_version, dl_device, copy)
+
+    def __dlpack_device__(self) -> tuple[Any, int]:
+        """``(DLDeviceType, device_id)`` of this tensor's memory."""
+        return self._storage.device.to_dlpack()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _buffer.reduce_tensor(self, protocol)
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """NumPy's array interface (version 3) for host memory; see `_buffer`."""
+        return _buffer.array_interface(self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA array interface (version 3); CPU tensors do not have it (AttributeError)."""
+        return _interfaces.cuda_array_interface(self)
+
+    def __buffer__(self, flags: int) -> memoryview:
+        """PEP 688 buffer export (Python 3.12+): ``memoryview(t)``."""
+        return _buffer.buffer_export(self, flags)
+
+    def as_memoryview(self) -> memoryview:
+        """A memoryview of this tensor's memory on every Python version (contiguous tensors only)."""
+        return _buffer.buffer_export(self, 0)
+
+    def share_memory_(self) -> Tensor:
+        """Move the storage into shared memory another process can map; returns ``self``."""
+        return _buffer.share_memory(self)
+
+    def torch(self) -> Any:
+        """A ``torch.Tensor`` sharing this memory, keeping ``requires_grad`` (needs PyTorch)."""
+        return _interfaces.to_torch(self)
+
+    def jax(self) -> Any:
+        """A ``jax.Array`` from this memory (needs JAX; JAX may copy unless 64-byte aligned)."""
+        return _interfaces.to_jax(self)
+
+
+# ---------------------------------------------------------------------- helpers
+def check_bounds(
+    storage: Storage, offset: int, shape: Sequence[int], strides: Sequence[int], itemsize: int, api: str
+) -> None:
+    """Raise unless every element of the layout lies inside ``storage`` (computed with Python ints)."""
+    span = _layout.extent(offset, shape, strides)
+    if span is None:
+        if offset < 0:
+            msg = f"{api}(): storage offset must be non-negative; got {offset}."
+            raise ValueError(msg)
+        return
+    low, high = span
+    if low < 0 or (high + 1) * itemsize > storage.nbytes:
+        msg = (f"{api}(): sizes {list(shape)}, strides {list(strides)}, storage offset {offset}, and itemsize "
+               f"{itemsize} reach elements [{low}, {high}], outside the storage of {storage.nbytes} bytes. "
+               f"Choose a layout that stays inside the tensor's memory.")
+        raise ValueError(msg)
+
+
+def _layout_args(args: Sequence[Any], api: str) -> tuple[int, ...]:
+    """``f(2, 3)`` or ``f((2, 3))``: a tuple of ints, negative values allowed (checked by the caller)."""
+    if len(args) == 1 and not isinstance(args[0], int) and hasattr(args[0], "__iter__"):
+        args = tuple(args[0])
+    out = []
+    for a in args:
+        if isinstance(a, builtins.bool) or not hasattr(a, "__index__"):
+            msg = f"{api}(): sizes must be ints; got {a!r} ({type(a).__name__})."
+            raise TypeError(msg)
+        out.append(a.__index__())
+    return tuple(out)
+
+
+def _nest(values: list[Any], shape: Sequence[int]) -> Any:
+    if not shape:
+        return values[0]
+    for size in reversed(shape[1:]):
+        values = [values[i:i + size] for i in range(0, len(values), size)] if size else [
+            [] for _ in range(len(values) // max(size, 1))
+        ]
+    if len(shape) > 1 and 0 in shape[1:]:
+        return _empty_nest(shape)
+    return values
+
+
+def _empty_nest(shape: Sequence[int]) -> Any:
+    if len(shape) == 1:
+        return []
+    return [_empty_nest(shape[1:]) for _ in range(shape[0])]
+
+
+def _broadcast_values(values: Sequence[int], shape: tuple[int, ...], target: tuple[int, ...]) -> list[int]:
+    if shape == target:
+        return list(values)
+    strides = _layout.expand_strides(shape, _layout.contiguous_strides(shape), target, "__getitem__")
+    return [
+        values[sum(i * s for i, s in zip(idx, strides))]
+        for idx in itertools.product(*(range(n) for n in target))
+    ]
+
+
+def _overlaps(a: Tensor, b: Tensor) -> bool:
+    """True when two host layouts may share bytes (a conservative byte-range test)."""
+    ea = _layout.extent(a._offset, a._shape, a._strides)
+    eb = _layout.extent(b._offset, b._shape, b._strides)
+    if ea is None or eb is None:
+        return False
+    a_lo, a_hi = a._storage.ptr + ea[0] * a.itemsize, a._storage.ptr + (ea[1] + 1) * a.itemsize
+    b_lo, b_hi = b._storage.ptr + eb[0] * b.itemsize, b._storage.ptr + (eb[1] + 1) * b.itemsize
+    return a_lo < b_hi and b_lo < a_hi
+
+
+def _from_bytes(data: bytes | bytearray, shape: Sequence[int], dtype: DType, device: Device = CPU,
+                requires_grad: bool = False) -> Tensor:
+    """A new compact tensor in tensorbridge memory holding ``data`` (row-major packed elements)."""
+    storage = allocate(len(data), device if device.is_host_accessible else CPU)
+    if data:
+        storage.host_view("clone")[:] = data
+    return Tensor._make(storage, 0, tuple(shape), _layout.contiguous_strides(shape), dtype, requires_grad)
+
+
+def _as_source(value: Any, dtype: DType, api: str) -> Tensor:
+    """A tensor to copy from: tensors as they are, anything else converted with `tensor`."""
+    if isinstance(value, Tensor):
+        return value
+    from ._creation import tensor
+
+    return tensor(value, dtype=dtype)
+
+
+def _parse_to_args(t: Tensor, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[DType, Device, bool]:
+    dtype, device = t.dtype, t.device
+    copy = builtins.bool(kwargs.pop("copy", False))
+    kwargs.pop("non_blocking", None)
+    for a in args:
+        if isinstance(a, DType):
+            dtype = a
+        elif isinstance(a, Tensor):
+            dtype, device = a.dtype, a.device
+        elif isinstance(a, (str, Device)):
+            device = as_device(a, "to")
+        elif isinstance(a, builtins.bool):
+            copy = a
+        else:
+            msg = f"to(): expected a dtype, a device or a tensor; got {a!r} ({type(a).__name__})."
+            raise TypeError(msg)
+    if "dtype" in kwargs and kwargs["dtype"] is not None:
+        dtype = as_dtype(kwargs.pop("dtype"), "to")
+    if "device" in kwargs and kwargs["device"] is not None:
+        device = as_device(kwargs.pop("device"), "to")
+    kwargs.pop("dtype", None)
+    kwargs.pop("device", None)
+    if kwargs:
+        msg = f"to(): unexpected keyword argument {next(iter(kwargs))!r}; accepted: dtype, device, copy."
+        raise TypeError(msg)
+    return dtype, device, copy
+
+
+def equal(a: Tensor, b: Tensor) -> bool:
+    """True when ``a`` and ``b`` have the same shape and equal values (``torch.equal``; NaN != NaN)."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        msg = (f"equal(): expected two tensors; got {type(a).__name__} and {type(b).__name__}. "
+               f"Convert with tensorbridge.asarray() first.")
+        raise TypeError(msg)
+    if a.shape != b.shape:
+        return False
+    return all(x == y for x, y in zip(a._values("equal"), b._values("equal")))
+
+
+# Protocol modules import Tensor from here; bind them after the class exists.
+from . import _buffer, _dlpack, _format, _interfaces  # noqa: E402

@@ -1,0 +1,5 @@
+"""PyTorch-compatible aliases (``tensorbridge.utils.dlpack``)."""
+
+from . import dlpack
+
+__all__ = ["dlpack"]

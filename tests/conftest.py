@@ -1,0 +1,60 @@
+"""Shared test configuration: hypothesis profiles, the layout matrix, and a subprocess runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("dev", max_examples=100)
+settings.register_profile(
+    "ci", max_examples=500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def run_in_subprocess(code: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter, so that a crash fails the test instead of killing the run."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+@pytest.fixture
+def subprocess_run():
+    """The `run_in_subprocess` helper as a fixture."""
+    return run_in_subprocess
+
+
+def _layout_cases():
+    """(name, builder) pairs: each builder returns a tensorbridge tensor with a distinctive layout."""
+    import tensorbridge as tb
+
+    def base(n=24, dtype=None):
+        return tb.arange(n, dtype=dtype or tb.int32)
+
+    return {
+        "c_order": lambda: base().reshape(2, 3, 4),
+        "f_order": lambda: base().reshape(4, 3, 2).permute(2, 1, 0),
+        "sliced": lambda: base().reshape(4, 6)[1:3, ::2],
+        "negative_step": lambda: base().reshape(4, 6)[::-1, ::-2],
+        "zero_d": lambda: base()[5],
+        "empty": lambda: base().reshape(4, 6)[:, 6:],
+        "size1_odd_stride": lambda: base().as_strided((3, 1), (2, 7)),
+        "broadcast": lambda: base(4).reshape(1, 4).expand(3, 4),
+        "offset": lambda: base()[7:],
+    }
+
+
+
+
+@pytest.fixture(params=["c_order", "f_order", "sliced", "negative_step", "zero_d", "empty",
+                        "size1_odd_stride", "broadcast", "offset"])
+def layout(request):
+    """A tensorbridge tensor of each layout in the matrix (see style.md §6)."""
+    return request.param, _layout_cases()[request.param]()
