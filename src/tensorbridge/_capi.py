@@ -77,3 +77,14 @@ PyBuffer_Release: Final = _bind("PyBuffer_Release", None, ctypes.POINTER(Py_buff
 PyMemoryView_FromMemory: Final = _bind("PyMemoryView_FromMemory", _py, _vp, _ssize, _int)
 PyBUF_READ: Final = 0x100
 PyBUF_WRITE: Final = 0x200
+
+
+# Used by asarray to recognise buffer exporters without acquiring (or failing to acquire) a buffer.
+PyObject_CheckBuffer: Final = _bind("PyObject_CheckBuffer", _int, _py)
+
+# ``types.CapsuleType`` exists only from Python 3.13; every capsule shares this type.
+CapsuleType: Final[type] = type(PyCapsule_New(id(_api), None, None))
+
+# A memoryview over a filled-in Py_buffer: any format string (``Zf``, ``e``), shape and strides, which
+# ``memoryview.cast`` cannot produce. The view does not own ``buf``; _buffer.buffer_export ties the lifetime.
+PyMemoryView_FromBuffer: Final = _bind("PyMemoryView_FromBuffer", _py, ctypes.POINTER(Py_buffer))

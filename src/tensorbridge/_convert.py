@@ -1,25 +1,335 @@
-"""asarray: one dispatcher from anything with memory to a Tensor (placeholder)."""
+"""`asarray`: one dispatcher from anything that holds memory to a `Tensor`; `from_pointer` for raw memory.
+
+`asarray` picks exactly one protocol per object, the first that applies in this order:
+
+==========================  ==========================================================================
+path                        taken for
+==========================  ==========================================================================
+``"tensor"``                a tensorbridge `Tensor` (aliased)
+``"dlpack_capsule"``        a ``"dltensor"`` / ``"dltensor_versioned"`` PyCapsule (`from_dlpack`)
+``"arrow"``                 ``__arrow_c_array__`` (pyarrow arrays, nanoarrow, ...)
+``"arrow_stream"``          ``__arrow_c_stream__`` (pyarrow ChunkedArray, polars Series, ...)
+``"dlpack"``                ``__dlpack__`` (NumPy, PyTorch, JAX, CuPy, ...; `from_dlpack`)
+``"cuda_array_interface"``  ``__cuda_array_interface__`` (Numba, CuPy, ...)
+``"array_interface"``       ``__array_interface__``
+``"buffer"``                the buffer protocol, dtype taken from the buffer's format (compat.md F10)
+``"sequence"``/``"scalar"`` anything else: nested sequences and scalars, copied by `tensor`
+==========================  ==========================================================================
+
+Arrow comes before DLPack because the Arrow C data interface describes Arrow memory exactly (immutable,
+with validity bitmaps and bit-packed booleans) while DLPack from an Arrow producer is a derived view
+that cannot carry booleans. DLPack comes before the array interfaces because it is the standard and
+negotiates device, stream, copy and read-only itself.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import numbers
+from typing import Any, Final
 
+from . import _capi, _creation, _dlpack, _interfaces, _layout
+from ._device import CPU, Device, as_device
+from ._dtype import DType, as_dtype, from_format
+from ._layout import _as_int
+from ._storage import hold_buffer
 from ._tensor import Tensor
+
+__all__ = ["asarray", "from_pointer", "is_protocol_object"]
+
+_TENSOR: Final = "tensor"
+_CAPSULE: Final = "dlpack_capsule"
+_ARROW: Final = "arrow"
+_ARROW_STREAM: Final = "arrow_stream"
+_DLPACK: Final = "dlpack"
+_CUDA_ARRAY_INTERFACE: Final = "cuda_array_interface"
+_ARRAY_INTERFACE: Final = "array_interface"
+_BUFFER: Final = "buffer"
+_SEQUENCE: Final = "sequence"
+_SCALAR: Final = "scalar"
+
+# Protocols found by attribute, in order of preference (see the module docstring).
+_BY_ATTRIBUTE: Final = (
+    (_ARROW, "__arrow_c_array__"),
+    (_ARROW_STREAM, "__arrow_c_stream__"),
+    (_DLPACK, "__dlpack__"),
+    (_CUDA_ARRAY_INTERFACE, "__cuda_array_interface__"),
+    (_ARRAY_INTERFACE, "__array_interface__"),
+)
+# Built-in types whose path the type alone decides: answered before any attribute lookup.
+_PLAIN_SEQUENCES: Final = frozenset({list, tuple})
+_PLAIN_SCALARS: Final = frozenset({bool, int, float, complex})
+_BUFFER_TYPES: Final = frozenset({bytes, bytearray, memoryview})
+
+
+def _dispatch(obj: Any) -> tuple[str, Any]:
+    """The path `asarray` takes for ``obj``, and what it found on the way (the attribute's value).
+
+    Ordered checks, no exceptions on the common paths: exact types first, then one ``getattr`` with a
+    default per protocol (an interface property is evaluated once and its value handed on).
+    """
+    cls = type(obj)
+    if cls is Tensor:
+        return _TENSOR, None
+    if cls in _PLAIN_SEQUENCES:
+        return _SEQUENCE, None
+    if cls in _PLAIN_SCALARS:
+        return _SCALAR, None
+    if cls in _BUFFER_TYPES:
+        return _BUFFER, None
+    if cls is _capi.CapsuleType:
+        return _CAPSULE, None
+    if isinstance(obj, Tensor):
+        return _TENSOR, None
+    for path, attribute in _BY_ATTRIBUTE:
+        value = getattr(obj, attribute, None)
+        if value is not None:
+            return path, value
+    if _capi.PyObject_CheckBuffer(obj):
+        return _BUFFER, None
+    return (_SCALAR if isinstance(obj, numbers.Number) else _SEQUENCE), None
+
+
+def _dispatch_path(obj: Any) -> str:
+    """The name of the protocol `asarray` uses for ``obj`` (``"dlpack"``, ``"buffer"``, ...)."""
+    return _dispatch(obj)[0]
 
 
 def is_protocol_object(obj: Any) -> bool:
-    return hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__")
+    """True when `asarray` would read ``obj``'s memory through a protocol rather than copy its elements."""
+    return _dispatch(obj)[0] not in (_SEQUENCE, _SCALAR)
 
 
-def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: Any = None,
+# ---------------------------------------------------------------------------------------------- buffers
+def _buffer_dtype(fmt: str, api: str) -> DType:
+    """The dtype a buffer format names; non-native byte order and unknown formats are a `BufferError`."""
+    dtype = from_format(fmt)
+    if dtype is not None:
+        return dtype
+    order, rest = fmt[:1], fmt[1:]
+    if order in "<>!":
+        single = from_format(rest)
+        if single is not None and single.itemsize == 1:  # byte order means nothing for one byte
+            return single
+        if single is not None or from_format("=" + rest) is not None:
+            msg = (f"{api}(): the buffer's format {fmt!r} has non-native byte order; tensors are "
+                   f"native-endian. Byte-swap the data first, or reinterpret the raw bytes with "
+                   f"tensorbridge.frombuffer(obj, dtype=...).")
+            raise BufferError(msg)
+    msg = (f"{api}(): the buffer's format {fmt!r} names no tensor dtype; supported are the single "
+           f"native struct codes ?, b, B, h, H, i, I, l, L, q, Q, n, N, e, f, d, Zf, Zd. Reinterpret the "
+           f"raw bytes with tensorbridge.frombuffer(obj, dtype=...).")
+    raise BufferError(msg)
+
+
+def _from_buffer(obj: Any, api: str) -> Tensor:
+    """A tensor sharing a buffer exporter's memory, with its format, shape and strides.
+
+    The export stays held (``PyBuffer_Release`` when the last view dies), so the exporter cannot be
+    resized or closed meanwhile (compat.md F1). The buffer is asked for read-only access; its
+    ``readonly`` field then says whether it may be written, so no second request is needed.
+    """
+    held, view = hold_buffer(obj, _capi.PY_BUF_FULL_RO)
+    ndim = view.ndim
+    if view.suboffsets and any(s >= 0 for s in view.suboffsets[:ndim]):
+        msg = (f"{api}(): the buffer of {type(obj).__name__} uses suboffsets (PIL-style indirect "
+               f"arrays), which tensors cannot describe. Copy it into a contiguous buffer first.")
+        raise BufferError(msg)
+    dtype = _buffer_dtype(view.format.decode("ascii", "replace") if view.format else "B", api)
+    if view.itemsize != dtype.itemsize:
+        msg = (f"{api}(): the buffer's itemsize {view.itemsize} does not match its format "
+               f"{view.format!r} ({dtype.itemsize} bytes); the exporter is malformed.")
+        raise BufferError(msg)
+    shape = tuple(view.shape[:ndim]) if ndim else ()
+    if view.strides:
+        byte_strides = view.strides[:ndim]
+        if any(s % dtype.itemsize for s in byte_strides):
+            msg = (f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
+                   f"itemsize ({dtype.itemsize}); tensor strides count whole elements.")
+            raise BufferError(msg)
+        strides = tuple(s // dtype.itemsize for s in byte_strides)
+    else:
+        strides = _layout.contiguous_strides(shape)
+    # The exporter vouches for its layout; ``len`` is the logical size, not the extent of a strided view.
+    return _interfaces.wrap_memory(view.buf or 0, 0, shape, strides, dtype, device=CPU,
+                                   readonly=bool(view.readonly), owner=held, api=api)
+
+
+# ---------------------------------------------------------------------------------------------- paths
+def _import(path: str, obj: Any, found: Any, *, device: Device | None, copy: bool | None,
+            dtype: DType | None, api: str) -> tuple[Tensor, bool]:
+    """Run one protocol path: the tensor, and whether it is already a private copy."""
+    if path == _DLPACK:
+        # The producer makes the copy for copy=True, unless a dtype change will copy anyway.
+        producer_copies = copy is True and dtype is None
+        return _dlpack.from_dlpack(obj, device=device, copy=True if producer_copies else copy), producer_copies
+    if path == _CAPSULE:
+        return _dlpack.from_dlpack(obj), False
+    if path == _ARROW:
+        return _interfaces.import_arrow_array(found, copy, api)
+    if path == _ARROW_STREAM:
+        return _interfaces.import_arrow_stream(found, copy, api)
+    if path == _CUDA_ARRAY_INTERFACE:
+        return _interfaces.import_cuda_array_interface(obj, found, api), False
+    if path == _ARRAY_INTERFACE:
+        return _interfaces.import_array_interface(obj, found, api), False
+    return _from_buffer(obj, api), False
+
+
+# PyTorch's ScalarType names, which its alias errors print (compat.md §5).
+_TORCH_NAMES: Final = {
+    "bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
+    "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double",
+    "complex32": "ComplexHalf", "complex64": "ComplexFloat", "complex128": "ComplexDouble",
+    "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64",
+}
+
+
+def _same_device(have: Device, want: Device) -> bool:
+    """``cuda`` without an index matches any CUDA device, as a request for "the current one"."""
+    return have.type == want.type and (want.index is None or want.index == (have.index or 0))
+
+
+def _finish(t: Tensor, copied: bool, source: Any, *, dtype: DType | None, device: Device | None,
+            copy: bool | None, requires_grad: bool, api: str) -> Tensor:
+    """Apply ``device``, ``dtype``, ``copy`` and ``requires_grad`` to an imported tensor."""
+    if device is not None and not _same_device(t.device, device):
+        if copy is False:
+            msg = (f"{api}(): can't alias tensor from device '{t.device}' to '{device}'. "
+                   f"Pass copy=None or copy=True to allow a copy.")
+            raise ValueError(msg)
+        t, copied = t.to(device), True
+    if dtype is not None and dtype is not t.dtype:
+        if copy is False:
+            have, want = (_TORCH_NAMES.get(d.name, d.name) for d in (t.dtype, dtype))
+            msg = (f"{api}(): can't alias tensor with dtype '{have}' into dtype '{want}'. "
+                   f"Pass copy=None or copy=True to allow a converting copy.")
+            raise ValueError(msg)
+        t, copied = t.to(dtype), True
+    if copy and not copied:
+        t = t.clone()
+    if requires_grad and not t.requires_grad:
+        # Never flip the flag on the caller's own tensor (PyTorch does): mark a new view instead.
+        t = (t.detach() if t is source else t).requires_grad_(True)
+    return t
+
+
+def _copy_arg(copy: object, api: str) -> bool | None:
+    if copy is None or isinstance(copy, bool):
+        return copy
+    msg = f"{api}(): copy must be None, True or False; got {copy!r} ({type(copy).__name__})."
+    raise TypeError(msg)
+
+
+def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: bool | None = None,
             requires_grad: bool = False) -> Tensor:
-    from ._creation import tensor
+    """Convert ``obj`` to a tensor, sharing its memory whenever possible (PyTorch's ``asarray``).
 
-    if isinstance(obj, Tensor):
-        return obj if dtype is None or dtype is obj.dtype else obj.to(dtype)
-    return tensor(obj, dtype=dtype, device=device, requires_grad=requires_grad)
+    ``obj`` may be a tensorbridge `Tensor`, a DLPack capsule or producer, an Arrow array or stream, an
+    object with ``__cuda_array_interface__`` or ``__array_interface__``, a buffer (its format gives the
+    dtype: ``array('i')`` is int32, ``bytes`` uint8), or nested sequences and scalars. When an object
+    speaks several protocols the first applicable one in this order is used: Tensor, DLPack capsule,
+    ``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``, ``__cuda_array_interface__``,
+    ``__array_interface__``, buffer protocol, sequence/scalar.
+
+    Args:
+        obj: what to convert.
+        dtype: the result's dtype; another dtype than the source's means a converting copy.
+        device: the result's device; another device than the source's means a copy (host memory only).
+        copy: None shares when possible and copies when needed; True always copies; False never copies
+            and raises `ValueError` naming why a copy would be needed (PyTorch's texts: "can't alias
+            tensor with dtype ...", "can't alias arbitrary sequence into a tensor.").
+        requires_grad: mark the result as requiring gradients (floating and complex dtypes only). A
+            tensor passed in is never modified: a new view carries the flag.
+
+    Returns:
+        A tensor. A shared result keeps the producer's memory alive (its owner: the object, a held
+        buffer export, a DLPack deleter or an Arrow release callback) for as long as any view lives;
+        read-only sources give read-only tensors.
+
+    Example:
+        >>> import array
+        >>> asarray(array.array('i', [1, 2, 3]))
+        tensor([1, 2, 3], dtype=tensorbridge.int32)
+    """
+    api = "asarray"
+    if dtype is not None:
+        dtype = as_dtype(dtype, api)
+    want = None if device is None else as_device(device, api)
+    copy = _copy_arg(copy, api)
+    path, found = _dispatch(obj)
+    if path == _TENSOR:
+        t, copied = obj, False
+    elif path in (_SEQUENCE, _SCALAR):
+        if copy is False:
+            msg = f"{api}(): can't alias arbitrary sequence into a tensor. Pass copy=None or copy=True."
+            raise ValueError(msg)
+        return _creation.tensor(obj, dtype=dtype, device=want, requires_grad=requires_grad)
+    else:
+        t, copied = _import(path, obj, found, device=want, copy=copy, dtype=dtype, api=api)
+    return _finish(t, copied, obj, dtype=dtype, device=want, copy=copy, requires_grad=requires_grad, api=api)
+
+
+# ---------------------------------------------------------------------------------------------- pointers
+def _strides_arg(strides: Any, shape: tuple[int, ...], api: str) -> tuple[int, ...]:
+    if strides is None:
+        return _layout.contiguous_strides(shape)
+    if isinstance(strides, (str, bytes)) or not hasattr(strides, "__iter__"):
+        msg = f"{api}(): strides must be a sequence of ints (in elements); got {strides!r}."
+        raise TypeError(msg)
+    out = tuple(_as_int(s, api, "each stride") for s in strides)
+    if len(out) != len(shape):
+        msg = (f"{api}(): got {len(out)} strides for {len(shape)} dimensions; strides {list(out)}, "
+               f"shape {list(shape)}. Pass one stride (in elements) per dimension.")
+        raise ValueError(msg)
+    return out
 
 
 def from_pointer(ptr: int, shape: Any, dtype: Any, *, strides: Any = None, device: Any = "cpu",
-                 owner: Any = None, readonly: bool = False, nbytes: Any = None) -> Tensor:
-    raise NotImplementedError
+                 owner: Any = None, readonly: bool = False, nbytes: int | None = None) -> Tensor:
+    """A tensor over memory at a raw address, for libraries that own memory (ctypes, cffi, C extensions).
+
+    Ownership contract: the memory belongs to the caller. tensorbridge never frees it; it keeps
+    ``owner`` alive for as long as any view of the result lives, and that is all it does. **The pointer
+    must remain valid for the entire lifetime of the owner** (or, with ``owner=None``, for the rest of
+    the process). Typical owners: the ctypes array or cffi object holding the memory, or an object whose
+    ``__del__`` frees it.
+
+    Args:
+        ptr: address of element ``[0, ..., 0]`` (an int).
+        shape: sizes of the dimensions.
+        dtype: element type.
+        strides: strides **in elements** (PyTorch's convention), possibly negative; default C-contiguous.
+        device: where the memory lives (``"cpu"``, ``"cuda:0"``, ...); device memory is never read.
+        owner: the object that keeps the memory valid.
+        readonly: make every view read-only.
+        nbytes: the size of the valid memory ``[ptr, ptr + nbytes)``, when known: the layout (and any
+            later ``as_strided`` view) is then checked against it. Without it the layout is trusted.
+
+    Raises:
+        TypeError: a non-integer pointer, shape, stride or ``nbytes``.
+        ValueError: a NULL pointer with elements, a layout outside ``nbytes``, or sizes and addresses
+            that overflow.
+
+    Example:
+        >>> import ctypes
+        >>> buf = (ctypes.c_int32 * 4)(1, 2, 3, 4)
+        >>> from_pointer(ctypes.addressof(buf), (2, 2), "int32", owner=buf, nbytes=ctypes.sizeof(buf))
+        tensor([[1, 2],
+                [3, 4]], dtype=tensorbridge.int32)
+    """
+    api = "from_pointer"
+    address = _as_int(ptr, api, "ptr")
+    if address < 0:
+        msg = f"{api}(): ptr must be a non-negative address; got {address}."
+        raise ValueError(msg)
+    dims = _layout.as_shape((shape,), api)
+    dt = as_dtype(dtype, api)
+    element_strides = _strides_arg(strides, dims, api)
+    dev = as_device(device, api)
+    extent = None if nbytes is None else _as_int(nbytes, api, "nbytes")
+    if extent is not None and extent < 0:
+        msg = f"{api}(): nbytes must be non-negative; got {extent}."
+        raise ValueError(msg)
+    return _interfaces.wrap_memory(address, 0, dims, element_strides, dt, device=dev, readonly=bool(readonly),
+                                   owner=owner, api=api, nbytes=extent)
+

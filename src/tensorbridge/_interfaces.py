@@ -1,23 +1,805 @@
-"""__cuda_array_interface__, __array_interface__ import, Arrow (placeholder)."""
+"""Array interfaces and Arrow: ``__array_interface__``, ``__cuda_array_interface__`` v3, Arrow PyCapsules.
+
+Import turns each protocol's metadata into a `Tensor` over the producer's memory (`wrap_memory` does the
+checks every raw-pointer import shares); export builds the interface dictionaries; `to_numpy`,
+`to_torch` and `to_jax` hand tensors to the peers.
+
+Who owns what:
+
+* ``__array_interface__`` / ``__cuda_array_interface__``: the exporting object owns the memory; the
+  storage keeps it alive (and, for data given as a buffer object, holds that buffer's export open). The
+  interface gives no extent, so the producer's layout is trusted: tensorbridge checks only what can be
+  checked (sizes, overflow, NULL, strides that are whole elements) — the same contract as `from_pointer`
+  without ``nbytes``.
+* Arrow: the consumer owns the ``ArrowArray`` it imported. tensorbridge moves the struct into memory it
+  owns, marks the producer's copy released (Arrow C data interface, "Moving an array"), and calls the
+  ``release`` callback exactly once, when the last view dies.
+
+CUDA streams (``__cuda_array_interface__`` v3 ``stream``): tensorbridge launches no work, so it cannot
+order work on a stream; it *synchronises* instead. A non-None ``stream`` is waited for on the host
+(``cuStreamSynchronize`` through the CUDA driver, ``libcuda``, loaded with ctypes at run time) before the
+tensor is built. Without a driver the import is refused with `BufferError`: never a silent race.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import ctypes
+import functools
+import importlib
+import math
+import sys
+from collections.abc import Iterator
+from typing import Any, Final, NamedTuple
 
-from ._tensor import Tensor
+from . import _capi, _dtype, _layout
+from ._device import CPU, Device
+from ._dtype import BY_TYPESTR, DType
+from ._layout import _as_int
+from ._storage import Storage, hold_buffer
+from ._tensor import Tensor, _from_bytes
+
+__all__ = [
+    "ArrowArray",
+    "ArrowArrayStream",
+    "ArrowSchema",
+    "cuda_array_interface",
+    "import_array_interface",
+    "import_arrow_array",
+    "import_arrow_stream",
+    "import_cuda_array_interface",
+    "interface_dict",
+    "to_jax",
+    "to_numpy",
+    "to_torch",
+    "wrap_memory",
+]
+
+_is_finalizing = sys.is_finalizing
+
+# One past the highest address a pointer can hold on this platform.
+_ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
+
+_NATIVE_ORDER: Final = "<" if sys.byteorder == "little" else ">"
+
+
+# ---------------------------------------------------------------------------------------------- raw memory
+def wrap_memory(
+    ptr: int, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType, *,
+    device: Device, readonly: bool, owner: object, api: str, nbytes: int | None = None,
+) -> Tensor:
+    """A tensor over memory that ``owner`` keeps valid; the checks every pointer-based import shares.
+
+    Element ``[0, ..., 0]`` lies at ``ptr + offset * itemsize``; ``strides`` are in elements and may be
+    negative. With ``nbytes`` the memory is ``[ptr, ptr + nbytes)`` and the layout must stay inside it;
+    without, the storage is exactly the bytes the layout reaches, which the caller vouches for.
+    Refused: a NULL pointer with elements, sizes whose bytes overflow ``Py_ssize_t``, and addresses outside
+    the platform's pointer range. Nothing is read: the memory may live on a device.
+    """
+    itemsize = dtype.itemsize
+    numel = math.prod(shape)
+    if numel * itemsize > sys.maxsize:
+        msg = (f"{api}(): shape {list(shape)} of {dtype} holds {numel} elements ({numel * itemsize} bytes), "
+               f"more than a process can address ({sys.maxsize} bytes). Check the shape.")
+        raise ValueError(msg)
+    span = _layout.extent(offset, shape, strides)
+    if span is not None and ptr == 0:
+        msg = (f"{api}(): the data pointer is NULL but the shape {list(shape)} has {numel} elements. "
+               f"Pass the address of the memory, or a shape with a zero size.")
+        raise ValueError(msg)
+    low, high = span if span is not None else (offset, offset - 1)
+    start, stop = ptr + low * itemsize, ptr + (high + 1) * itemsize
+    if start < 0 or stop > _ADDRESS_LIMIT or stop - start > sys.maxsize:
+        msg = (f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} from "
+               f"pointer 0x{ptr:x} reach bytes [{start}, {stop}), outside the address space. "
+               f"Check the pointer, strides and shape.")
+        raise ValueError(msg)
+    if nbytes is None:
+        storage = Storage(start, stop - start, device, readonly, owner)
+        return Tensor._make(storage, offset - low, shape, strides, dtype)
+    if low < 0 or stop - ptr > nbytes:
+        msg = (f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} reach "
+               f"bytes [{low * itemsize}, {(high + 1) * itemsize}) from the pointer, outside the "
+               f"{nbytes} bytes of memory given. Pass a layout that stays inside the memory.")
+        raise ValueError(msg)
+    return Tensor._make(Storage(ptr, nbytes, device, readonly, owner), offset, shape, strides, dtype)
+
+
+def _ints(values: tuple[object, ...] | list[object], api: str, what: str) -> tuple[int, ...]:
+    """A tuple of ints; plain ints take a fast path (``_as_int``'s protocol check costs microseconds)."""
+    if all(type(v) is int for v in values):
+        return tuple(values)  # type: ignore[arg-type]
+    return tuple(_as_int(v, api, what) for v in values)
+
+
+# ------------------------------------------------------------------------ __(cuda_)array_interface__ import
+class _Layout(NamedTuple):
+    """What an array interface describes, strides converted to elements."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: DType
+
+
+# Versions accepted: NumPy's interface has been at 3 since 2006; the CUDA interface's versions 0-2 are
+# subsets of 3 (no ``stream``, which then means "no synchronisation needed").
+_VERSIONS: Final = {"__array_interface__": (3,), "__cuda_array_interface__": (0, 1, 2, 3)}
+
+
+def _typestr_dtype(typestr: object, api: str, name: str) -> DType:
+    """The dtype of a typestr such as ``'<f4'``; other byte orders and kinds are a `BufferError`."""
+    if not isinstance(typestr, str):
+        msg = f"{api}(): {name} 'typestr' must be a str like '<f4'; got {typestr!r} ({type(typestr).__name__})."
+        raise TypeError(msg)
+    dtype = BY_TYPESTR.get(typestr[1:]) if typestr[:1] in "<>|=" else None
+    if dtype is None:
+        msg = (f"{api}(): {name} typestr {typestr!r} is not supported; tensorbridge takes bool ('|b1'), "
+               f"integers ('<i4', '|u1', ...), floats ('<f2', '<f4', '<f8') and complex ('<c8', '<c16').")
+        raise BufferError(msg)
+    if dtype.itemsize > 1 and typestr[0] in "<>" and typestr[0] != _NATIVE_ORDER:
+        # dlpack.md §8 "Endianness": tensors are native-endian; a byte-swapped view would read garbage.
+        msg = (f"{api}(): {name} typestr {typestr!r} has non-native byte order; tensorbridge needs native "
+               f"order ({_NATIVE_ORDER!r}). Byte-swap the data first (NumPy: a.astype(a.dtype.newbyteorder('=')).")
+        raise BufferError(msg)
+    return dtype
+
+
+def _check_descr(iface: dict[str, Any], dtype: DType, api: str, name: str) -> None:
+    """``descr`` may only restate a simple typestr (``[('', '<f4')]``); structured records are refused."""
+    descr = iface.get("descr")
+    if descr is None:
+        return
+    ok = (isinstance(descr, (list, tuple)) and len(descr) == 1 and isinstance(descr[0], tuple)
+          and len(descr[0]) == 2 and descr[0][0] == "" and isinstance(descr[0][1], str))
+    if not ok or _typestr_dtype(descr[0][1], api, name) is not dtype:
+        msg = (f"{api}(): {name} descr {descr!r} describes a structured or different type than typestr "
+               f"{iface['typestr']!r}; only simple types are supported. Pass each field separately.")
+        raise BufferError(msg)
+
+
+def _shape_of(value: object, api: str, name: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)):
+        msg = f"{api}(): {name} 'shape' must be a tuple of ints; got {value!r} ({type(value).__name__})."
+        raise TypeError(msg)
+    shape = _ints(value, api, f"each {name} shape entry")
+    if any(s < 0 for s in shape) or len(shape) > _layout.MAX_NDIM:
+        msg = (f"{api}(): {name} shape {list(shape)} is invalid; sizes must be non-negative and there may "
+               f"be at most {_layout.MAX_NDIM} dimensions.")
+        raise ValueError(msg)
+    return shape
+
+
+def _strides_of(value: object, shape: tuple[int, ...], itemsize: int, api: str, name: str) -> tuple[int, ...]:
+    """Byte strides (None: C-contiguous) converted to element strides; each must be whole elements."""
+    if value is None:
+        return _layout.contiguous_strides(shape)
+    if not isinstance(value, (tuple, list)):
+        msg = f"{api}(): {name} 'strides' must be None or a tuple of ints; got {value!r} ({type(value).__name__})."
+        raise TypeError(msg)
+    strides = _ints(value, api, f"each {name} stride")
+    if len(strides) != len(shape):
+        msg = (f"{api}(): {name} has {len(strides)} strides for {len(shape)} dimensions; got strides "
+               f"{list(strides)} and shape {list(shape)}.")
+        raise ValueError(msg)
+    if any(s % itemsize for s in strides):
+        # As NumPy's DLPack export: "DLPack only supports strides which are a multiple of itemsize."
+        msg = (f"{api}(): {name} strides {list(strides)} (bytes) are not all multiples of the itemsize "
+               f"({itemsize}); tensor strides count whole elements. Copy the data to a compact array first.")
+        raise BufferError(msg)
+    return tuple(s // itemsize for s in strides)
+
+
+def _parse_layout(iface: object, api: str, name: str) -> tuple[dict[str, Any], _Layout]:
+    """Validate the metadata both interfaces share: version, mask, typestr, descr, shape, strides."""
+    if not isinstance(iface, dict):
+        msg = f"{api}(): {name} must be a dict; got {type(iface).__name__}."
+        raise TypeError(msg)
+    for key in ("shape", "typestr", "version"):
+        if key not in iface:
+            msg = f"{api}(): {name} has no {key!r} key; got keys {sorted(iface)}. The producer is malformed."
+            raise ValueError(msg)
+    if iface["version"] not in _VERSIONS[name] or isinstance(iface["version"], bool):
+        msg = (f"{api}(): {name} version {iface['version']!r} is not supported; expected one of "
+               f"{list(_VERSIONS[name])}.")
+        raise BufferError(msg)
+    if iface.get("mask") is not None:
+        msg = (f"{api}(): {name} has a 'mask'; masked arrays are not supported. Fill the masked "
+               f"elements and export the data without a mask.")
+        raise BufferError(msg)
+    dtype = _typestr_dtype(iface["typestr"], api, name)
+    _check_descr(iface, dtype, api, name)
+    shape = _shape_of(iface["shape"], api, name)
+    strides = _strides_of(iface.get("strides"), shape, dtype.itemsize, api, name)
+    return iface, _Layout(shape, strides, dtype)
+
+
+def _data_pointer(data: object, api: str, name: str) -> tuple[int, bool]:
+    """``data`` as the ``(address, read-only flag)`` pair."""
+    if not (isinstance(data, tuple) and len(data) == 2):
+        msg = (f"{api}(): {name} 'data' must be a (pointer, read_only) tuple; got {data!r} "
+               f"({type(data).__name__}).")
+        raise TypeError(msg)
+    ptr = data[0] if type(data[0]) is int else _as_int(data[0], api, f"the {name} data pointer")
+    if ptr < 0:
+        msg = f"{api}(): {name} data pointer must be non-negative; got {ptr}."
+        raise ValueError(msg)
+    return ptr, bool(data[1])
+
+
+def import_array_interface(obj: object, iface: object, api: str) -> Tensor:
+    """A tensor sharing the memory ``obj`` describes through ``__array_interface__`` (version 3).
+
+    ``data`` is a ``(pointer, read_only)`` pair, a buffer object, or None/absent (``obj``'s own buffer).
+    ``offset`` (bytes) applies to buffer data only, as in NumPy; buffer data also gives an extent, so the
+    layout is bounds-checked against it. The storage keeps ``obj`` alive (and NumPy's ``__ref``, the
+    temporary array a NumPy scalar's interface points into).
+    """
+    name = "__array_interface__"
+    iface, layout = _parse_layout(iface, api, name)
+    data = iface.get("data")
+    if isinstance(data, tuple):
+        ptr, readonly = _data_pointer(data, api, name)
+        ref = iface.get("__ref")
+        owner = obj if ref is None else (obj, ref)
+        return wrap_memory(ptr, 0, layout.shape, layout.strides, layout.dtype, device=CPU, readonly=readonly,
+                           owner=owner, api=api)
+    held, view = _hold_data_buffer(obj if data is None else data, api, name)
+    offset = _as_int(iface.get("offset", 0), api, f"{name} offset")
+    if not 0 <= offset <= view.len:
+        msg = f"{api}(): {name} offset {offset} lies outside the data buffer of {view.len} bytes."
+        raise ValueError(msg)
+    return wrap_memory((view.buf or 0) + offset, 0, layout.shape, layout.strides, layout.dtype, device=CPU,
+                       readonly=bool(view.readonly), owner=(obj, held), api=api, nbytes=view.len - offset)
+
+
+def _hold_data_buffer(data: object, api: str, name: str) -> tuple[object, _capi.Py_buffer]:
+    """Hold the contiguous buffer behind ``data`` open; writable or not, as the exporter says."""
+    try:
+        return hold_buffer(data, _capi.PY_BUF_SIMPLE)
+    except (TypeError, BufferError) as exc:
+        msg = (f"{api}(): {name} gives no (pointer, read_only) 'data', so the data must come from a "
+               f"contiguous buffer, but {type(data).__name__} does not export one: {exc}.")
+        raise TypeError(msg) from exc
+
+
+def import_cuda_array_interface(obj: object, iface: object, api: str) -> Tensor:
+    """A tensor on ``cuda:N`` sharing the device memory ``obj`` describes (CUDA Array Interface v3).
+
+    The device number comes from the pointer (``cuPointerGetAttribute``) when a CUDA driver is present;
+    without one it is assumed to be 0 (nothing in the process can then touch the memory anyway). A
+    ``stream`` other than None is synchronised on the host before the tensor is returned, or refused
+    when no driver is available. The memory is never read on the host.
+    """
+    name = "__cuda_array_interface__"
+    iface, layout = _parse_layout(iface, api, name)
+    if "data" not in iface:
+        msg = f"{api}(): {name} has no 'data' key; got keys {sorted(iface)}. The producer is malformed."
+        raise ValueError(msg)
+    ptr, readonly = _data_pointer(iface["data"], api, name)
+    stream = _cai_stream(iface.get("stream"), api)
+    driver = _cuda_driver()
+    if driver is None:
+        if stream is not None:
+            msg = (f"{api}(): {name} asks the consumer to synchronise with stream {stream:#x}, but no CUDA "
+                   f"driver (libcuda) could be loaded to do so. Synchronise the stream in the producer and "
+                   f"export stream=None, or import through __dlpack__.")
+            raise BufferError(msg)
+        index = 0
+    else:
+        index = driver.pointer_device(ptr, api) if ptr else 0
+        if stream is not None:
+            driver.synchronize(stream, index, api)
+    return wrap_memory(ptr, 0, layout.shape, layout.strides, layout.dtype, device=Device("cuda", index),
+                       readonly=readonly, owner=obj, api=api)
+
+
+def _cai_stream(stream: object, api: str) -> int | None:
+    """Validate the v3 ``stream`` entry: None, 1 (legacy default), 2 (per-thread default) or a handle."""
+    if stream is None:
+        return None
+    value = _as_int(stream, api, "__cuda_array_interface__ stream")
+    if value <= 0:
+        # CUDA Array Interface v3: "0 is disallowed due to its ambiguity between None and 1".
+        msg = (f"{api}(): __cuda_array_interface__ stream must be None, 1 (legacy default stream), 2 "
+               f"(per-thread default stream) or a cudaStream_t handle; got {value}.")
+        raise ValueError(msg)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- CUDA driver
+_CUresult = ctypes.c_int
+_CUDA_ERROR_INVALID_CONTEXT: Final = 201
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: Final = 9
+_LEGACY_OR_PER_THREAD: Final = (1, 2)  # stream handles that mean "the current context's default stream"
+_CAI_EXPORT_STREAM: Final = 1  # the legacy default stream (see cuda_array_interface)
+
+
+class _CudaDriver:
+    """The few CUDA driver entry points the CUDA Array Interface needs, through private prototypes.
+
+    ``CFUNCTYPE`` releases the GIL during each call, so waiting for a stream does not block other threads.
+    """
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        def bind(name: str, *argtypes: Any) -> Any:
+            return ctypes.CFUNCTYPE(_CUresult, *argtypes)((name, lib))
+
+        vp, pvp, cint = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int
+        self.cuInit = bind("cuInit", ctypes.c_uint)
+        self.cuPointerGetAttribute = bind("cuPointerGetAttribute", vp, cint, ctypes.c_uint64)
+        self.cuStreamSynchronize = bind("cuStreamSynchronize", vp)
+        self.cuDeviceGet = bind("cuDeviceGet", ctypes.POINTER(cint), cint)
+        self.cuDevicePrimaryCtxRetain = bind("cuDevicePrimaryCtxRetain", pvp, cint)
+        self.cuDevicePrimaryCtxRelease = bind("cuDevicePrimaryCtxRelease_v2", cint)
+        self.cuCtxPushCurrent = bind("cuCtxPushCurrent_v2", vp)
+        self.cuCtxPopCurrent = bind("cuCtxPopCurrent_v2", pvp)
+        self.cuGetErrorName = bind("cuGetErrorName", cint, ctypes.POINTER(ctypes.c_char_p))
+
+    def _check(self, rc: int, what: str, api: str) -> None:
+        if rc == 0:
+            return
+        text = ctypes.c_char_p()
+        name = text.value.decode() if self.cuGetErrorName(rc, ctypes.byref(text)) == 0 and text.value else ""
+        msg = f"{api}(): {what} failed with CUDA error {rc} {name}."
+        raise BufferError(msg)
+
+    def pointer_device(self, ptr: int, api: str) -> int:
+        """The device number owning ``ptr``; memory the driver does not know is a `BufferError`."""
+        ordinal = ctypes.c_int()
+        rc = self.cuPointerGetAttribute(ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+        self._check(rc, f"looking up the device of __cuda_array_interface__ pointer 0x{ptr:x}", api)
+        return ordinal.value
+
+    @contextlib.contextmanager
+    def _primary_context(self, ordinal: int, api: str) -> Iterator[None]:
+        """Make the primary context of device ``ordinal`` current (retained) for the ``with`` block."""
+        device, ctx = ctypes.c_int(), ctypes.c_void_p()
+        self._check(self.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet", api)
+        self._check(self.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain", api)
+        try:
+            self._check(self.cuCtxPushCurrent(ctx), "cuCtxPushCurrent", api)
+            try:
+                yield
+            finally:
+                self.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
+        finally:
+            self.cuDevicePrimaryCtxRelease(device)
+
+    def synchronize(self, stream: int, device: int, api: str) -> None:
+        """Wait on the host until ``stream`` has finished its work.
+
+        The default-stream handles (1, 2) name a stream of the *current* context, so the primary context
+        of the memory's device is made current around the call; other handles carry their context,
+        which is made current only if the driver asks for one.
+        """
+        what = f"synchronising __cuda_array_interface__ stream {stream:#x}"
+        if stream not in _LEGACY_OR_PER_THREAD:
+            rc = self.cuStreamSynchronize(stream)
+            if rc != _CUDA_ERROR_INVALID_CONTEXT:
+                self._check(rc, what, api)
+                return
+        with self._primary_context(device, api):
+            self._check(self.cuStreamSynchronize(stream), what, api)
+
+
+_DRIVER_NAMES: Final = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+
+
+@functools.cache
+def _cuda_driver() -> _CudaDriver | None:
+    """The CUDA driver, loaded and initialised once; None when there is no usable driver or GPU."""
+    for name in _DRIVER_NAMES:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        try:
+            driver = _CudaDriver(lib)
+        except AttributeError:  # a driver too old to have every entry point
+            return None
+        return driver if driver.cuInit(0) == 0 else None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- export
+def interface_dict(t: Tensor, typestr: str) -> dict[str, Any]:
+    """The fields ``__array_interface__`` and ``__cuda_array_interface__`` share (version 3).
+
+    ``strides`` is None for C-contiguous tensors (the spec's preferred form) and byte strides otherwise;
+    an empty tensor exports data pointer 0, as the CUDA interface requires.
+    """
+    itemsize = t.itemsize
+    return {
+        "shape": tuple(t.shape),
+        "typestr": typestr,
+        "descr": [("", typestr)],
+        "data": (t.data_ptr() if t.numel() else 0, t.is_readonly),
+        "strides": None if t.is_contiguous() else tuple(s * itemsize for s in t._strides),
+        "version": 3,
+    }
 
 
 def cuda_array_interface(t: Tensor) -> dict[str, Any]:
-    raise AttributeError("__cuda_array_interface__")
+    """``Tensor.__cuda_array_interface__``: the CUDA Array Interface v3 of a CUDA tensor.
+
+    CPU tensors raise `AttributeError` (so ``hasattr`` is False), as PyTorch's do. ``stream`` is 1, the
+    legacy default stream: tensorbridge enqueues no work of its own, and CUDA memory it imports is ready
+    on that stream (DLPack imports ask producers for ``stream=1``; CUDA Array Interface imports are
+    synchronised on the host), so a consumer on another stream must order itself after it. The
+    consumer shares the memory; the tensor must outlive the consumer's use of the pointer.
+    """
+    device = t._storage.device
+    if device.type != "cuda":
+        msg = (f"Can't get __cuda_array_interface__ on non-CUDA tensor type: the tensor is on {device}. "
+               f"Use __dlpack__ or __array_interface__ for host memory.")
+        raise AttributeError(msg)
+    if t.requires_grad:
+        msg = ("Can't get __cuda_array_interface__ on Variable that requires grad. If gradients aren't "
+               "required, use var.detach() to get Variable that doesn't require grad.")
+        raise RuntimeError(msg)
+    typestr = t.dtype.typestr
+    if typestr is None:
+        msg = (f"__cuda_array_interface__: {t.dtype} has no array-interface typestr; "
+               f"export it through __dlpack__ instead.")
+        raise AttributeError(msg)
+    iface = interface_dict(t, typestr)
+    iface["stream"] = _CAI_EXPORT_STREAM
+    return iface
 
 
-def to_numpy(t: Tensor, force: bool = False) -> Any:
-    raise NotImplementedError
+# ---------------------------------------------------------------------------------------------- Arrow
+class ArrowSchema(ctypes.Structure):
+    """``struct ArrowSchema`` (Arrow C data interface)."""
 
 
-def to_torch(t: Tensor) -> Any:
-    raise NotImplementedError
+ArrowSchema._fields_ = (
+    ("format", ctypes.c_char_p),
+    ("name", ctypes.c_char_p),
+    ("metadata", ctypes.c_void_p),
+    ("flags", ctypes.c_int64),
+    ("n_children", ctypes.c_int64),
+    ("children", ctypes.POINTER(ctypes.POINTER(ArrowSchema))),
+    ("dictionary", ctypes.POINTER(ArrowSchema)),
+    ("release", ctypes.c_void_p),  # void (*release)(struct ArrowSchema*): called through _ArrowRelease
+    ("private_data", ctypes.c_void_p),
+)
+
+
+class ArrowArray(ctypes.Structure):
+    """``struct ArrowArray`` (Arrow C data interface)."""
+
+
+ArrowArray._fields_ = (
+    ("length", ctypes.c_int64),
+    ("null_count", ctypes.c_int64),
+    ("offset", ctypes.c_int64),
+    ("n_buffers", ctypes.c_int64),
+    ("n_children", ctypes.c_int64),
+    ("buffers", ctypes.POINTER(ctypes.c_void_p)),
+    ("children", ctypes.POINTER(ctypes.POINTER(ArrowArray))),
+    ("dictionary", ctypes.POINTER(ArrowArray)),
+    ("release", ctypes.c_void_p),  # void (*release)(struct ArrowArray*)
+    ("private_data", ctypes.c_void_p),
+)
+
+
+class ArrowArrayStream(ctypes.Structure):
+    """``struct ArrowArrayStream`` (Arrow C stream interface); callbacks kept as raw addresses."""
+
+    _fields_ = (
+        ("get_schema", ctypes.c_void_p),  # int (*)(struct ArrowArrayStream*, struct ArrowSchema* out)
+        ("get_next", ctypes.c_void_p),  # int (*)(struct ArrowArrayStream*, struct ArrowArray* out)
+        ("get_last_error", ctypes.c_void_p),  # const char* (*)(struct ArrowArrayStream*)
+        ("release", ctypes.c_void_p),  # void (*)(struct ArrowArrayStream*)
+        ("private_data", ctypes.c_void_p),
+    )
+
+
+# Each struct's release takes a pointer to that struct; one void* prototype serves all three.
+_ArrowRelease = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_ArrowGet = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_ArrowLastError = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)
+
+_ARROW_SCHEMA: Final = b"arrow_schema"
+_ARROW_ARRAY: Final = b"arrow_array"
+_ARROW_ARRAY_STREAM: Final = b"arrow_array_stream"
+
+# Fixed-width primitive formats (Arrow C data interface, "Data type description -- format strings").
+_ARROW_FORMATS: Final[dict[bytes, str]] = {
+    b"c": "int8", b"C": "uint8", b"s": "int16", b"S": "uint16", b"i": "int32", b"I": "uint32",
+    b"l": "int64", b"L": "uint64", b"e": "float16", b"f": "float32", b"g": "float64",
+}
+_ARROW_BOOL: Final = b"b"  # bit-packed: one bit per value, so it is unpacked into a copy
+_BITS_TO_BYTES: Final = bytes.maketrans(b"01", b"\x00\x01")
+
+
+class _ArrowOwner:
+    """An Arrow struct this process owns; its ``release`` callback runs exactly once, when this dies.
+
+    The struct is moved here from the producer's memory (a bitwise copy, then the producer's ``release``
+    set to NULL, as the Arrow spec prescribes), so the producer's capsule destructor no longer frees it.
+    """
+
+    __slots__ = ("struct",)
+
+    def __init__(self, struct: ArrowSchema | ArrowArray | ArrowArrayStream) -> None:
+        # Typed loosely: the three structs share only ``release``, which is all this class touches.
+        self.struct: Any = struct
+
+    @classmethod
+    def move_from(cls, address: int, struct_type: type[ArrowArray | ArrowArrayStream]) -> _ArrowOwner:
+        owned = struct_type()
+        ctypes.memmove(ctypes.addressof(owned), address, ctypes.sizeof(struct_type))
+        struct_type.from_address(address).release = None
+        return cls(owned)
+
+    def release(self) -> None:
+        struct = self.struct
+        if struct.release and not _is_finalizing():
+            _ArrowRelease(struct.release)(ctypes.addressof(struct))
+        struct.release = None  # a conforming release does this itself; never call it twice
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _arrow_dtype(schema: ArrowSchema, api: str) -> DType | None:
+    """The dtype of a primitive Arrow schema; None for bit-packed bool; anything else is refused."""
+    fmt = schema.format or b""
+    if fmt == _ARROW_BOOL and not schema.n_children and not schema.dictionary:
+        return None
+    name = _ARROW_FORMATS.get(fmt)
+    if name is None or schema.n_children or schema.dictionary:
+        kind = "dictionary-encoded" if schema.dictionary else f"format {fmt.decode(errors='replace')!r}"
+        msg = (f"{api}(): Arrow {kind} is not a fixed-width primitive type; tensorbridge imports "
+               f"int8..int64, uint8..uint64, float16/32/64 and bool. Cast the array first "
+               f"(pyarrow: arr.cast(pa.int64())) or decode it (arr.dictionary_decode()).")
+        raise BufferError(msg)
+    return _dtype.BY_NAME[name]
+
+
+def _check_arrow_array(array: ArrowArray, api: str) -> None:
+    if array.n_buffers != 2 or array.n_children or array.length < 0 or array.offset < 0:
+        msg = (f"{api}(): malformed Arrow array for a primitive type: {array.n_buffers} buffers, "
+               f"{array.n_children} children, length {array.length}, offset {array.offset}.")
+        raise ValueError(msg)
+    has_validity = bool(array.buffers[0])
+    if array.null_count > 0 or (array.null_count < 0 and has_validity):
+        count = "an unknown number of" if array.null_count < 0 else str(array.null_count)
+        msg = (f"{api}(): the Arrow array has {count} nulls; tensors have no validity bitmap. "
+               f"Fill them first (pyarrow.compute.fill_null) or drop them (arr.drop_null()).")
+        raise BufferError(msg)
+
+
+def _unpack_bits(ptr: int, offset: int, length: int) -> bytes:
+    """Bits ``[offset, offset + length)`` of an LSB-first bitmap, one byte (0 or 1) per bit."""
+    if length == 0:
+        return b""
+    first = offset // 8
+    raw = ctypes.string_at(ptr + first, (offset + length + 7) // 8 - first)
+    bits = int.from_bytes(raw, "little") >> (offset % 8)
+    # format() writes the most significant bit first: reverse into bitmap order, pad the high zeros.
+    return format(bits, "b")[::-1].ljust(length, "0")[:length].encode("ascii").translate(_BITS_TO_BYTES)
+
+
+def _arrow_tensor(
+    array: ArrowArray, owner: _ArrowOwner | None, dtype: DType | None, copy: bool | None, api: str
+) -> tuple[Tensor, bool]:
+    """The tensor for a validated primitive array: a read-only view (owner given) or a bool copy."""
+    data = array.buffers[1] or 0
+    if dtype is None:
+        if copy is False:
+            msg = (f"{api}(): an Arrow boolean array is bit-packed and tensors hold one byte per bool, so it "
+                   f"cannot be shared without a copy; got copy=False. Pass copy=None or copy=True.")
+            raise ValueError(msg)
+        bits = _unpack_bits(data, array.offset, array.length) if data else bytes(array.length)
+        return _from_bytes(bits, (array.length,), _dtype.bool), True
+    nbytes = (array.offset + array.length) * dtype.itemsize
+    # Arrow data is immutable (the C data interface shares it freely), so the view is read-only.
+    view = wrap_memory(data, array.offset, (array.length,), (1,), dtype, device=CPU, readonly=True, owner=owner,
+                       api=api, nbytes=nbytes)
+    return view, False
+
+
+def _capsule_pointer(capsule: object, name: bytes, api: str) -> int:
+    if not isinstance(capsule, _capi.CapsuleType) or not _capi.PyCapsule_IsValid(capsule, name):
+        msg = f"{api}(): expected a PyCapsule named {name.decode()!r} from the Arrow producer; got {capsule!r}."
+        raise TypeError(msg)
+    return int(_capi.PyCapsule_GetPointer(capsule, name))
+
+
+def import_arrow_array(method: Any, copy: bool | None, api: str) -> tuple[Tensor, bool]:
+    """Import ``obj.__arrow_c_array__`` (passed as the bound ``method``): a 1-D tensor.
+
+    Fixed-width primitive arrays without nulls are shared read-only (Arrow memory is immutable), with
+    the array's ``offset`` honoured; the moved ``ArrowArray`` is released when the last view dies.
+    Bit-packed booleans are unpacked into a new ``bool`` tensor (refused with ``copy=False``).
+    Returns the tensor and whether it is a copy.
+    """
+    result = method()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        msg = f"{api}(): __arrow_c_array__() must return (schema capsule, array capsule); got {result!r}."
+        raise TypeError(msg)
+    schema_capsule, array_capsule = result
+    schema = ArrowSchema.from_address(_capsule_pointer(schema_capsule, _ARROW_SCHEMA, api))
+    address = _capsule_pointer(array_capsule, _ARROW_ARRAY, api)
+    array = ArrowArray.from_address(address)
+    if not array.release:
+        msg = f"{api}(): the Arrow array capsule holds a released array; it was already consumed."
+        raise RuntimeError(msg)
+    dtype = _arrow_dtype(schema, api)
+    _check_arrow_array(array, api)
+    if dtype is None:  # a copy: read while the producer's capsule still owns the array
+        return _arrow_tensor(array, None, None, copy, api)
+    owner = _ArrowOwner.move_from(address, ArrowArray)
+    return _arrow_tensor(owner.struct, owner, dtype, copy, api)
+
+
+def _stream_call(stream: _ArrowOwner, fn: int, out: ctypes.Structure, what: str, api: str) -> None:
+    rc = _ArrowGet(fn)(ctypes.addressof(stream.struct), ctypes.addressof(out))
+    if rc != 0:
+        last = stream.struct.get_last_error
+        text = _ArrowLastError(last)(ctypes.addressof(stream.struct)) if last else None
+        detail = text.decode(errors="replace") if text else f"error code {rc}"
+        msg = f"{api}(): the Arrow stream's {what} failed: {detail}."
+        raise BufferError(msg)
+
+
+def import_arrow_stream(method: Any, copy: bool | None, api: str) -> tuple[Tensor, bool]:
+    """Import ``obj.__arrow_c_stream__`` (a ChunkedArray, a polars Series, ...): a 1-D tensor.
+
+    One chunk is shared exactly as `import_arrow_array` shares an array; several chunks (or none) are
+    concatenated into a new tensor, which ``copy=False`` refuses. Every struct read from the stream is
+    released exactly once, also when the import fails.
+    """
+    capsule = method()  # alive until the move: its destructor releases a stream not yet moved
+    stream = _ArrowOwner.move_from(_capsule_pointer(capsule, _ARROW_ARRAY_STREAM, api), ArrowArrayStream)
+    struct: ArrowArrayStream = stream.struct
+    schema = _ArrowOwner(ArrowSchema())
+    _stream_call(stream, struct.get_schema, schema.struct, "get_schema", api)
+    dtype = _arrow_dtype(schema.struct, api)
+    chunks: list[_ArrowOwner] = []
+    while True:
+        chunk = _ArrowOwner(ArrowArray())
+        _stream_call(stream, struct.get_next, chunk.struct, "get_next", api)
+        if not chunk.struct.release:  # end of stream
+            break
+        _check_arrow_array(chunk.struct, api)
+        chunks.append(chunk)
+    stream.release()  # chunks outlive their stream (C stream interface, "Result lifetimes")
+    if len(chunks) == 1:
+        return _arrow_tensor(chunks[0].struct, chunks[0], dtype, copy, api)
+    if copy is False and chunks:
+        msg = (f"{api}(): the Arrow stream holds {len(chunks)} chunks, which one tensor cannot share "
+               f"without a copy; got copy=False. Pass copy=None, or combine the chunks first "
+               f"(pyarrow: chunked.combine_chunks()).")
+        raise ValueError(msg)
+    parts = [_arrow_tensor(c.struct, c, dtype, None, api)[0] for c in chunks]
+    joined = b"".join(p._bytes(api) for p in parts)
+    result_dtype = dtype or _dtype.bool
+    return _from_bytes(joined, (len(joined) // result_dtype.itemsize,), result_dtype), True
+
+
+# ---------------------------------------------------------------------------------------------- peers
+def _peer(module: str, api: str) -> Any:
+    """Import a peer library lazily, with an error that names what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        package = module.partition(".")[0]
+        msg = f"{api}(): needs {package}, which is not installed; pip install {package}."
+        raise ImportError(msg) from exc
+
+
+# dtypes NumPy lacks, by ml_dtypes name; viewed from an unsigned integer array of the same size.
+_ML_DTYPES: Final = frozenset({
+    "bfloat16", "complex32", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
+    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+})
+_UNSIGNED_TYPESTR: Final = {1: "|u1", 2: f"{_NATIVE_ORDER}u2", 4: f"{_NATIVE_ORDER}u4"}
+
+
+class _NumPyExport:
+    """What ``numpy.asarray`` receives: the interface, and the tensor that keeps the memory alive."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: Tensor, typestr: str) -> None:
+        self.tensor = t
+        self.__array_interface__ = interface_dict(t, typestr)
+
+
+def to_numpy(t: Tensor, *, force: bool = False) -> Any:
+    """``Tensor.numpy()``: a NumPy array sharing the tensor's memory (PyTorch's ``Tensor.numpy``).
+
+    The array keeps the tensor (and so its memory) alive; a read-only tensor gives a read-only array.
+    bfloat16, complex32 and the float8 types become ml_dtypes arrays (``ml_dtypes`` must be installed).
+    As in PyTorch, a tensor that requires grad is refused unless ``force=True``, which detaches it; the
+    memory is still shared, because NumPy represents every host layout tensorbridge has (negative and
+    zero strides, read-only). Device memory cannot be converted: tensorbridge never copies it to the host.
+    """
+    np = _peer("numpy", "numpy")
+    if t.requires_grad and not force:
+        msg = "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+        raise RuntimeError(msg)
+    device = t._storage.device
+    if not device.is_host_accessible:
+        msg = (f"numpy(): can't convert {device} device type tensor to numpy; its memory is not "
+               f"host-accessible and tensorbridge does not copy between devices. Export it with "
+               f"__dlpack__ to a library for {device.type}.")
+        raise TypeError(msg)
+    dtype = t.dtype
+    if dtype.typestr is not None:
+        return np.asarray(_NumPyExport(t, dtype.typestr))
+    if dtype.name not in _ML_DTYPES:
+        msg = (f"numpy(): NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw bytes "
+               f"with t.view(tensorbridge.uint8).numpy().")
+        raise TypeError(msg)
+    try:
+        import ml_dtypes  # noqa: PLC0415 (an optional peer, loaded only when needed)
+    except ImportError:
+        msg = (f"numpy(): NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes) to "
+               f"convert it, or view the raw bits with t.view(tensorbridge.uint{dtype.bits}).numpy().")
+        raise TypeError(msg) from None
+    raw = np.asarray(_NumPyExport(t, _UNSIGNED_TYPESTR[dtype.itemsize]))
+    return raw.view(getattr(ml_dtypes, dtype.name))
+
+
+def _has_negative_stride(t: Tensor) -> bool:
+    """True when a stride that matters (a dimension of size > 1 in a non-empty tensor) is negative."""
+    return t.numel() > 0 and any(stride < 0 and size > 1 for size, stride in zip(t.shape, t._strides, strict=True))
+
+
+def _for_torch(t: Tensor) -> Tensor:
+    """A detached view of ``t`` whose meaningless strides (size-1 dims, empty tensors) are not negative.
+
+    Such strides address nothing, but DLPack exporters copy on any negative stride to protect PyTorch.
+    """
+    strides = t._strides
+    if any(s < 0 for s in strides):
+        empty = t.numel() == 0
+        strides = tuple(abs(s) if empty or n == 1 else s for n, s in zip(t.shape, strides, strict=True))
+    return Tensor._make(t._storage, t._offset, t._shape, strides, t._dtype)
+
+
+def to_torch(t: Tensor, *, force: bool = False) -> Any:
+    """``Tensor.torch()``: a ``torch.Tensor`` sharing this memory, keeping ``requires_grad``.
+
+    Zero-copy through ``torch.from_dlpack``; the torch tensor keeps this memory alive. PyTorch cannot
+    represent two things tensorbridge can, and sharing them would be silently wrong, so both are a
+    `BufferError` unless ``force=True``, which hands PyTorch a private copy instead:
+
+    * read-only memory: PyTorch has no read-only tensors and would write through (compat.md F4);
+    * negative strides: PyTorch has none, and ``torch.from_dlpack`` aborts on them (pytorch/pytorch#188023).
+    """
+    torch = _peer("torch", "torch")
+    src = _for_torch(t)
+    reason = ("it is read-only and PyTorch has no read-only tensors (writes would reach the read-only memory)"
+              if t.is_readonly else
+              "it has negative strides, which PyTorch cannot represent" if _has_negative_stride(t) else None)
+    if reason is not None:
+        if not force:
+            msg = (f"torch(): cannot share this tensor with PyTorch: {reason}. Pass force=True (or call "
+                   f"clone() first) to give PyTorch a copy.")
+            raise BufferError(msg)
+        src = src.clone()
+    out = torch.from_dlpack(src)
+    return out.requires_grad_(True) if t.requires_grad else out
 
 
 def to_jax(t: Tensor) -> Any:
-    raise NotImplementedError
+    """``Tensor.jax()``: a ``jax.Array`` with this tensor's values, through DLPack.
+
+    JAX arrays are immutable values, so whether JAX shares the memory is invisible: it shares compact
+    host memory when it can (64-byte aligned, which tensorbridge allocations are) and copies otherwise.
+    JAX is handed a compact, writable tensor: non-contiguous layouts are made contiguous first (its
+    importer refuses broadcast, sliced and negative strides), and read-only memory is copied, because
+    JAX asks for an unversioned capsule, which cannot say "read-only", and a donated JAX buffer may be
+    written in place. ``requires_grad`` has no JAX equivalent and is dropped; 64-bit dtypes follow JAX's
+    ``jax_enable_x64`` setting (without it JAX narrows them to 32 bits).
+    """
+    jax_dlpack = _peer("jax.dlpack", "jax")
+    src = t.detach()
+    if src.is_readonly:
+        src = src.clone()
+    return jax_dlpack.from_dlpack(src.contiguous())

@@ -1,0 +1,436 @@
+"""asarray: the dispatch table, the order of preference, copy/dtype/device/requires_grad, buffer formats.
+
+The dispatch-table test has one case per kind of input and asserts the path `asarray` took (through
+``_dispatch_path``, the function asarray itself uses) as well as the result.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import gc
+import struct
+from typing import Any, ClassVar
+
+import pytest
+
+import tensorbridge as tb
+from tensorbridge import _interfaces
+from tensorbridge._convert import _dispatch_path, is_protocol_object
+
+np = pytest.importorskip("numpy")
+
+FAKE_CUDA_PTR = 0x7F00_0000_0000
+
+
+class DLPackOnly:
+    """Exposes an array through __dlpack__/__dlpack_device__ only."""
+
+    def __init__(self, arr: Any):
+        self.arr = arr
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.arr.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self.arr.__dlpack_device__()
+
+
+class InterfaceOnly:
+    """Exposes an array through __array_interface__ only (and keeps the array alive)."""
+
+    def __init__(self, arr: Any):
+        self.arr = arr
+        self.__array_interface__ = arr.__array_interface__
+
+
+class CudaOnly:
+    """A fake CUDA producer: metadata for memory the host must never read."""
+
+    __cuda_array_interface__: ClassVar = {"data": (FAKE_CUDA_PTR, False), "shape": (4,), "typestr": "<f4",
+                                "version": 3}
+
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    """Pretend no CUDA driver is installed (fake pointers must never reach a real driver)."""
+    monkeypatch.setattr(_interfaces, "_cuda_driver", lambda: None)
+
+
+# ---------------------------------------------------------------------------------------------- dispatch table
+def _case_tensor():
+    src = tb.arange(3)
+    return src, "tensor", lambda t: t is src
+
+
+def _case_dlpack():
+    a = np.arange(3, dtype=np.int16)
+    return DLPackOnly(a), "dlpack", lambda t: t.data_ptr() == a.ctypes.data and t.dtype is tb.int16
+
+
+def _case_capsule():
+    a = np.arange(3.0)
+    return a.__dlpack__(max_version=(1, 0)), "dlpack_capsule", lambda t: t.data_ptr() == a.ctypes.data
+
+
+def _case_cuda_array_interface():
+    return CudaOnly(), "cuda_array_interface", lambda t: (
+        t.data_ptr() == FAKE_CUDA_PTR and t.device == tb.device("cuda:0") and t.dtype is tb.float32)
+
+
+def _case_array_interface():
+    a = np.arange(4, dtype=np.uint32).reshape(2, 2)
+    return InterfaceOnly(a), "array_interface", lambda t: (
+        t.data_ptr() == a.ctypes.data and t.dtype is tb.uint32 and t.tolist() == a.tolist())
+
+
+def _case_array_i():
+    return array.array("i", [1, 2, 3]), "buffer", lambda t: t.dtype is tb.int32 and t.tolist() == [1, 2, 3]
+
+
+def _case_bytes():
+    return b"\x01\x02", "buffer", lambda t: t.dtype is tb.uint8 and t.tolist() == [1, 2] and t.is_readonly
+
+
+def _case_memoryview_d():
+    mv = memoryview(struct.pack("=2d", 1.5, -2.0)).cast("d")
+    return mv, "buffer", lambda t: t.dtype is tb.float64 and t.tolist() == [1.5, -2.0]
+
+
+def _case_arrow():
+    pa = pytest.importorskip("pyarrow")
+    arr = pa.array([7, 8], type=pa.int8())
+    return arr, "arrow", lambda t: t.dtype is tb.int8 and t.tolist() == [7, 8] and t.is_readonly
+
+
+def _case_arrow_stream():
+    pa = pytest.importorskip("pyarrow")
+    return pa.chunked_array([[1.0, 2.0]]), "arrow_stream", lambda t: t.tolist() == [1.0, 2.0]
+
+
+def _case_sequence():
+    return [[1, 2], [3, 4]], "sequence", lambda t: t.dtype is tb.int64 and t.tolist() == [[1, 2], [3, 4]]
+
+
+def _case_scalar():
+    return 2.5, "scalar", lambda t: t.dtype is tb.float32 and t.ndim == 0 and t.item() == 2.5
+
+
+DISPATCH_CASES = {
+    "tensor": _case_tensor, "dlpack": _case_dlpack, "capsule": _case_capsule,
+    "cuda_array_interface": _case_cuda_array_interface, "array_interface": _case_array_interface,
+    "buffer_array_i": _case_array_i, "buffer_bytes": _case_bytes, "buffer_memoryview_d": _case_memoryview_d,
+    "arrow": _case_arrow, "arrow_stream": _case_arrow_stream, "sequence": _case_sequence,
+    "scalar": _case_scalar,
+}
+
+
+@pytest.mark.parametrize("case", list(DISPATCH_CASES))
+def test_dispatch_table(case, no_driver):
+    """Each kind of input takes its own path, and the result is what that protocol describes."""
+    obj, path, check = DISPATCH_CASES[case]()
+    assert _dispatch_path(obj) == path
+    assert check(tb.asarray(obj))
+
+
+def test_dispatch_big_endian_memoryview_is_refused():
+    """A '>i4' buffer takes the buffer path and is refused: tensors are native-endian (compat.md F10)."""
+    mv = memoryview((ctypes.c_int32.__ctype_be__ * 2)(1, 2))
+    assert mv.format == ">i"
+    assert _dispatch_path(mv) == "buffer"
+    with pytest.raises(BufferError, match="non-native byte order"):
+        tb.asarray(mv)
+
+
+def test_dispatch_never_reads_cuda_memory(subprocess_run):
+    """The fake CUDA producer's pointer is carried as metadata only: nothing dereferences it."""
+    proc = subprocess_run(f"""
+        import tensorbridge as tb
+        from tensorbridge import _interfaces
+        _interfaces._cuda_driver = lambda: None
+        class CudaOnly:
+            __cuda_array_interface__ = {{"data": ({FAKE_CUDA_PTR}, False), "shape": (4,),
+                                         "typestr": "<f4", "version": 3}}
+        t = tb.asarray(CudaOnly())
+        print(t.data_ptr() == {FAKE_CUDA_PTR}, t.device, tuple(t.shape))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True cuda:0 (4,)"
+
+
+# ---------------------------------------------------------------------------------------------- preference order
+def _protocols() -> list[tuple[str, dict[str, Any]]]:
+    """Each protocol as class attributes whose data is the single value that names it."""
+    pa = pytest.importorskip("pyarrow")
+    keep = {name: np.array([value], dtype=np.int32) for value, name in enumerate(
+        ["arrow", "arrow_stream", "dlpack", "cuda_array_interface", "array_interface"], start=1)}
+    cai = {**keep["array_interface"].__array_interface__, "data": (FAKE_CUDA_PTR, False)}
+    return [
+        ("arrow", {"__arrow_c_array__": lambda self, s=None: pa.array(keep["arrow"]).__arrow_c_array__()}),
+        ("arrow_stream", {"__arrow_c_stream__":
+                          lambda self, s=None: pa.chunked_array([keep["arrow_stream"]]).__arrow_c_stream__()}),
+        ("dlpack", {"__dlpack__": lambda self, **kw: keep["dlpack"].__dlpack__(**kw),
+                    "__dlpack_device__": lambda self: keep["dlpack"].__dlpack_device__()}),
+        ("cuda_array_interface", {"__cuda_array_interface__": cai}),
+        ("array_interface", {"__array_interface__": keep["array_interface"].__array_interface__,
+                             "keep": keep}),
+    ]
+
+
+def test_preference_order(no_driver):
+    """An object with several protocols takes the first in the documented order; dropping it, the next."""
+    protocols = _protocols()
+    for start, (expected, _) in enumerate(protocols):
+        attrs: dict[str, Any] = {}
+        for _, more in protocols[start:]:
+            attrs.update(more)
+        cls = type("Multi", (bytearray,), attrs)  # a buffer exporter too: the last resort
+        obj = cls(struct.pack("=i", 99))
+        assert _dispatch_path(obj) == expected
+        t = tb.asarray(obj)
+        if expected == "cuda_array_interface":
+            assert t.data_ptr() == FAKE_CUDA_PTR
+        else:
+            assert t.tolist() == [start + 1]
+    assert _dispatch_path(bytearray(4)) == "buffer"
+
+
+def test_tensor_and_capsule_come_first():
+    """Tensors and capsules are recognised by type before any attribute is looked at."""
+    assert _dispatch_path(tb.zeros(2)) == "tensor"
+    assert _dispatch_path(tb.to_dlpack(tb.zeros(2))) == "dlpack_capsule"
+
+
+def test_is_protocol_object():
+    """True exactly for inputs asarray reads through a protocol."""
+    assert is_protocol_object(np.arange(2))
+    assert is_protocol_object(b"ab")
+    assert is_protocol_object(InterfaceOnly(np.arange(2)))
+    assert not is_protocol_object([1, 2])
+    assert not is_protocol_object(3)
+    assert not is_protocol_object(x for x in range(2))
+
+
+# ---------------------------------------------------------------------------------------------- copy / dtype / device
+def test_tensor_is_aliased_and_copied_on_request():
+    """A tensor comes back as itself; copy=True gives new memory with the same values."""
+    t = tb.arange(4)
+    assert tb.asarray(t) is t
+    c = tb.asarray(t, copy=True)
+    assert c.data_ptr() != t.data_ptr()
+    assert c.tolist() == t.tolist()
+
+
+def test_alias_errors_keep_torch_texts():
+    """copy=False with a dtype change or a sequence gives PyTorch's messages."""
+    with pytest.raises(ValueError, match="can't alias tensor with dtype 'Long' into dtype 'Float'"):
+        tb.asarray(tb.arange(3), dtype=tb.float32, copy=False)
+    with pytest.raises(ValueError, match=r"can't alias arbitrary sequence into a tensor\."):
+        tb.asarray([1, 2], copy=False)
+    with pytest.raises(ValueError, match=r"can't alias arbitrary sequence into a tensor\."):
+        tb.asarray(3, copy=False)
+
+
+def test_dtype_on_every_sharing_path_copies():
+    """dtype= different from the source converts (copy=None) and keeps values."""
+    a = np.arange(3, dtype=np.int32)
+    for obj in (a, InterfaceOnly(a), memoryview(a), tb.asarray(a)):
+        t = tb.asarray(obj, dtype=tb.float64)
+        assert t.dtype is tb.float64
+        assert t.tolist() == [0.0, 1.0, 2.0]
+        assert t.data_ptr() != a.ctypes.data
+
+
+def test_same_dtype_with_copy_false_shares():
+    """dtype= equal to the source's is no conversion: copy=False still shares."""
+    a = np.arange(3, dtype=np.int32)
+    assert tb.asarray(a, dtype=tb.int32, copy=False).data_ptr() == a.ctypes.data
+
+
+def test_copy_true_on_every_sharing_path():
+    """copy=True gives private memory with equal values, whatever the path."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for obj in (a, DLPackOnly(a), InterfaceOnly(a), memoryview(a)):
+        t = tb.asarray(obj, copy=True)
+        assert t.data_ptr() != a.ctypes.data
+        assert t.tolist() == a.tolist()
+
+
+def test_copy_must_be_bool_or_none():
+    """copy='yes' is a TypeError."""
+    with pytest.raises(TypeError, match="copy must be None, True or False"):
+        tb.asarray([1], copy="yes")
+
+
+def test_device_alias_and_move():
+    """Same device: shared. Another device with copy=False: torch's alias error; else tb cannot move it."""
+    t = tb.arange(3)
+    assert tb.asarray(t, device="cpu") is t
+    with pytest.raises(ValueError, match="can't alias tensor from device 'cpu' to 'cuda'"):
+        tb.asarray(t, device="cuda", copy=False)
+    with pytest.raises(BufferError, match="cannot move"):
+        tb.asarray(t, device="cuda")
+
+
+def test_requires_grad_is_applied_without_touching_the_input():
+    """requires_grad=True marks the result; a tensor passed in keeps its own flag."""
+    t = tb.arange(3, dtype=tb.float32)
+    r = tb.asarray(t, requires_grad=True)
+    assert r.requires_grad
+    assert not t.requires_grad
+    assert r.data_ptr() == t.data_ptr()
+    assert tb.asarray([1.0, 2.0], requires_grad=True).requires_grad
+    assert tb.asarray(np.arange(2.0), requires_grad=True).requires_grad
+
+
+def test_requires_grad_on_integers_is_refused():
+    """Only floating and complex tensors may require gradients."""
+    with pytest.raises(RuntimeError, match="floating point"):
+        tb.asarray(np.arange(2), requires_grad=True)
+
+
+def test_tensor_copies_and_as_tensor_shares():
+    """tb.tensor copies protocol objects through asarray; tb.as_tensor shares."""
+    a = np.arange(4, dtype=np.int16)
+    copied = tb.tensor(a)
+    assert copied.dtype is tb.int16
+    assert copied.data_ptr() != a.ctypes.data
+    assert tb.as_tensor(a).data_ptr() == a.ctypes.data
+
+
+def test_tensor_from_dlpack_only_wrapper():
+    """tensor(W(x)) for a wrapper with only __dlpack__/__dlpack_device__ equals x (compat.md §9.12)."""
+    a = np.arange(6.0).reshape(2, 3)
+    assert tb.tensor(DLPackOnly(a)).tolist() == a.tolist()
+
+
+# ---------------------------------------------------------------------------------------------- buffers
+@pytest.mark.parametrize(
+    ("obj", "dtype", "values"),
+    [
+        (array.array("b", [-1, 2]), tb.int8, [-1, 2]),
+        (array.array("H", [1, 65535]), tb.uint16, [1, 65535]),
+        (array.array("l", [-5]), tb.int64 if struct.calcsize("l") == 8 else tb.int32, [-5]),
+        (array.array("q", [2**40]), tb.int64, [2**40]),
+        (array.array("f", [0.5]), tb.float32, [0.5]),
+        (np.array([1.5], dtype=np.float16).data, tb.float16, [1.5]),
+        (memoryview(struct.pack("=2?", True, False)).cast("?"), tb.bool, [True, False]),
+        (np.array([1 + 2j], dtype=np.complex128).data, tb.complex128, [1 + 2j]),
+        (np.array([1 + 2j], dtype=np.complex64).data, tb.complex64, [1 + 2j]),
+    ],
+)
+def test_buffer_dtype_comes_from_the_format(obj, dtype, values):
+    """The buffer's format gives the dtype (PyTorch ignores it: compat.md F10)."""
+    t = tb.asarray(obj)
+    assert t.dtype is dtype
+    assert t.tolist() == values
+
+
+def test_buffer_shape_and_strides_are_kept():
+    """Multi-dimensional and strided buffers keep their shape and (element) strides."""
+    mv = memoryview(bytearray(range(24))).cast("B", (4, 6))
+    t = tb.asarray(mv)
+    assert tuple(t.shape) == (4, 6)
+    assert t.stride() == (6, 1)
+    s = tb.asarray(mv[::2])
+    assert tuple(s.shape) == (2, 6)
+    assert s.stride() == (12, 1)
+    assert s.tolist() == [list(range(6)), list(range(12, 18))]
+    r = tb.asarray(memoryview(bytearray(range(5)))[::-2])
+    assert r.tolist() == [4, 2, 0]
+
+
+def test_buffer_is_shared_and_held():
+    """A bytearray is shared both ways and cannot be resized while a view lives (compat.md F1)."""
+    data = bytearray(b"\x01\x02\x03")
+    t = tb.asarray(data)
+    t[0] = 9
+    assert data[0] == 9
+    view = t[1:]
+    del t
+    with pytest.raises(BufferError):
+        data.append(0)
+    del view
+    gc.collect()
+    data.append(0)
+
+
+def test_readonly_buffer_gives_readonly_tensor():
+    """bytes and read-only memoryviews give read-only tensors."""
+    assert tb.asarray(b"ab").is_readonly
+    assert tb.asarray(memoryview(bytearray(2)).toreadonly()).is_readonly
+    assert not tb.asarray(bytearray(2)).is_readonly
+
+
+def test_buffer_unknown_format_is_refused():
+    """A struct format with no tensor dtype is a BufferError pointing to frombuffer."""
+
+    class Pair(ctypes.Structure):
+        _fields_ = (("a", ctypes.c_int16), ("b", ctypes.c_int32))
+
+    with pytest.raises(BufferError, match=r"names no tensor dtype.*frombuffer"):
+        tb.asarray((Pair * 2)())
+
+
+def test_single_byte_formats_ignore_byte_order():
+    """'>b' is still int8: byte order means nothing for one byte."""
+    mv = memoryview(np.array([-3, 4], dtype=">i1"))
+    assert tb.asarray(mv).tolist() == [-3, 4]
+
+
+def test_empty_bytes():
+    """An empty bytes object is an empty uint8 tensor."""
+    t = tb.asarray(b"")
+    assert tuple(t.shape) == (0,)
+    assert t.dtype is tb.uint8
+
+
+# ---------------------------------------------------------------------------------------------- peers
+@pytest.mark.parametrize("make", [lambda a: a, DLPackOnly, InterfaceOnly, memoryview],
+                         ids=["dlpack", "dlpack_only", "array_interface", "buffer"])
+def test_numpy_negative_strides_on_every_path(make):
+    """A NumPy view with negative strides imports with the same pointer and values on every path."""
+    a = np.arange(24, dtype=np.int32).reshape(4, 6)[::-1, ::-2]
+    t = tb.asarray(make(a))
+    assert t.data_ptr() == a.ctypes.data
+    assert t.stride() == tuple(s // 4 for s in a.strides)
+    assert t.tolist() == a.tolist()
+
+
+def test_numpy_readonly_stays_readonly():
+    """A read-only NumPy array gives a read-only tensor (DLPack READ_ONLY)."""
+    a = np.arange(3)
+    a.flags.writeable = False
+    assert tb.asarray(a).is_readonly
+
+
+def test_numpy_scalar():
+    """A NumPy scalar imports as a 0-d tensor through its array interface."""
+    t = tb.asarray(np.float64(1.25))
+    assert t.ndim == 0
+    assert t.item() == 1.25
+
+
+def test_torch_tensor_is_shared():
+    """A torch tensor imports through DLPack with the same pointer."""
+    torch = pytest.importorskip("torch")
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
+    t = tb.asarray(x)
+    assert _dispatch_path(x) == "dlpack"
+    assert t.data_ptr() == x.data_ptr()
+    assert t.stride() == x.stride()
+
+
+def test_jax_array_imports():
+    """A JAX array imports through DLPack with its values."""
+    jnp = pytest.importorskip("jax.numpy")
+    assert tb.asarray(jnp.arange(4, dtype=jnp.float32)).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_torch_asarray_agrees_on_plain_inputs():
+    """Where torch.asarray is right (sequences, scalars, tensors), tb.asarray gives the same dtype and values."""
+    torch = pytest.importorskip("torch")
+    for obj in ([1, 2], [1.5], [[True]], 3, 2.0, [1 + 1j]):
+        ours, theirs = tb.asarray(obj), torch.asarray(obj)
+        assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.")
+        assert ours.tolist() == theirs.tolist()
