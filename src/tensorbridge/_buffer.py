@@ -1,27 +1,587 @@
-"""Buffer protocol import and export (placeholder: replaced by the buffer implementation)."""
+"""The buffer protocol in both directions, and the pickling and shared memory built on it.
+
+Import, `frombuffer`: any object that exports a C-contiguous buffer (bytes, bytearray, memoryview,
+array.array, mmap, ctypes objects, shared memory, ``pickle.PickleBuffer``, NumPy arrays, any C
+extension) becomes a 1-D tensor over the same bytes. Unlike PyTorch (compat.md F1) the export is
+*held*: the ``Py_buffer`` from ``PyObject_GetBuffer`` is released only when the last view dies, so
+the exporter refuses to resize, close or release its memory while a tensor can still read it.
+Read-only exporters give read-only tensors, without the warning PyTorch emits (F4).
+
+Export: `buffer_export` backs ``Tensor.__buffer__`` (PEP 688: ``memoryview(t)`` on Python 3.12+)
+and ``Tensor.as_memoryview()``; `array_interface` backs ``Tensor.__array_interface__`` (version 3),
+which lets ``numpy.asarray(t)`` share memory on every Python version.
+
+Pickling, `reduce_tensor`: protocol 5 hands the bytes over as a ``pickle.PickleBuffer`` (out of
+band with ``buffer_callback``: no copy at all), older protocols as ``bytes``.
+
+Shared memory, `share_memory`: moves a storage into a ``multiprocessing.shared_memory`` segment;
+from then on ``multiprocessing``'s pickler (queues, ``Pool``, ``ProcessPoolExecutor``) sends the
+segment's name instead of the bytes, so other processes map the same memory.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import atexit
+import contextlib
+import ctypes
+import functools
+import operator
+import pickle
+import sys
+import weakref
+from typing import TYPE_CHECKING, Any, Final
 
-from ._tensor import Tensor
+from . import _capi
+from ._device import CPU
+from ._dtype import ALL_DTYPES, BY_NAME, DType, as_dtype
+from ._layout import contiguous_strides, extent
+from ._storage import Storage, allocate, hold_buffer
+from ._tensor import GRAD_MSG_CREATE, Tensor
+
+if TYPE_CHECKING:
+    from multiprocessing.shared_memory import SharedMemory
+
+__all__ = ["array_interface", "buffer_export", "frombuffer", "reduce_tensor", "share_memory"]
+
+# A simple request (no shape, no strides) is C-contiguous by definition: the exporter hands over
+# `len` contiguous bytes or fails. PyTorch and NumPy ask exactly this, writable first.
+_WRITABLE_REQUEST: Final = _capi.PY_BUF_SIMPLE | _capi.PY_BUF_WRITABLE
+_READONLY_REQUEST: Final = _capi.PY_BUF_SIMPLE
+
+_make = Tensor._make
+_is_finalizing = sys.is_finalizing
 
 
-def frombuffer(buffer: Any, *, dtype: Any, count: int = -1, offset: int = 0, requires_grad: bool = False) -> Tensor:
-    raise NotImplementedError
+# -------------------------------------------------------------------------------------------------
+# Import: frombuffer
+
+
+def frombuffer(
+    buffer: Any, *, dtype: DType, count: int = -1, offset: int = 0, requires_grad: bool = False
+) -> Tensor:
+    """A 1-D tensor over the memory of an object that implements the buffer protocol.
+
+    Skips ``offset`` bytes and reads ``count`` elements of ``dtype`` (all that remain when
+    ``count`` is negative; they must then fill the rest of the buffer exactly). The dtype is never
+    inferred from the buffer's format. Any alignment works: the tensor starts at ``buf + offset``.
+
+    Memory is shared both ways and owned by ``buffer``. The buffer export is held until the last
+    view of the tensor dies, so meanwhile a ``bytearray`` cannot be resized, an ``mmap`` cannot be
+    closed and a ``memoryview`` cannot be released (each raises ``BufferError``). A read-only
+    buffer (``bytes``, a read-only memoryview or NumPy array, an ``ACCESS_READ`` mmap) gives a
+    read-only tensor: writes raise, and DLPack exports carry ``READ_ONLY``.
+
+    Args:
+        buffer: the exporter; its memory must be C-contiguous (a strided memoryview or NumPy view
+            is refused).
+        dtype: element type (keyword-only, required).
+        count: number of elements; negative for "all the rest".
+        offset: bytes to skip at the start of the buffer.
+        requires_grad: carried to frameworks with autograd; floating and complex dtypes only.
+
+    Returns:
+        A tensor of shape ``(count,)`` and stride ``(1,)``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``buffer`` exports no buffer, or count and offset do not fit inside it.
+        RuntimeError: the exporter refused both a writable and a read-only C-contiguous buffer,
+            or ``requires_grad`` was asked for a dtype that cannot have gradients.
+
+    Example:
+        >>> import array
+        >>> a = array.array('i', [1, 2, 3])
+        >>> t = frombuffer(a, dtype=tensorbridge.int32)
+        >>> t[0] = -1
+        >>> a
+        array('i', [-1, 2, 3])
+    """
+    # PyTorch's order: argument types, then the buffer, then the lengths (compat.md §1.1).
+    if dtype.__class__ is not DType:
+        dtype = as_dtype(dtype, "frombuffer")
+    if count.__class__ is not int:
+        count = _as_int(count, "frombuffer", "count")
+    if offset.__class__ is not int:
+        offset = _as_int(offset, "frombuffer", "offset")
+    requires_grad = _as_bool(requires_grad, "frombuffer", "requires_grad")
+    held, view, readonly = _acquire(buffer, "frombuffer")
+    itemsize = dtype.itemsize
+    try:
+        numel = _element_count(view.len, count, offset, itemsize)
+        if requires_grad and dtype.kind not in "fc":
+            msg = f"frombuffer(): {GRAD_MSG_CREATE}; got dtype {dtype}. Pass a floating dtype."
+            raise RuntimeError(msg)
+    except BaseException:
+        # Release the export now: the traceback keeps this frame, and the frame the export.
+        del held
+        raise
+    storage = Storage((view.buf or 0) + offset, numel * itemsize, CPU, readonly, held)
+    return _make(storage, 0, (numel,), (1,), dtype, requires_grad)
+
+
+def _as_int(value: Any, api: str, name: str) -> int:
+    """An int argument as PyTorch's parser takes it: ints and ``__index__`` objects, not bool."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        msg = f"{api}(): argument '{name}' must be int, not {type(value).__name__}; got {value!r}."
+        raise TypeError(msg)
+    return operator.index(value)
+
+
+def _as_bool(value: object, api: str, name: str) -> bool:
+    """A bool argument, as PyTorch's parser takes it: exactly True or False."""
+    if value.__class__ is not bool:
+        msg = f"{api}(): argument '{name}' must be bool, not {type(value).__name__}; got {value!r}."
+        raise TypeError(msg)
+    return value is True
+
+
+def _acquire(obj: Any, api: str) -> tuple[object, _capi.Py_buffer, bool]:
+    """Hold a C-contiguous export of obj, writable if it allows: (owner, Py_buffer, readonly)."""
+    # bytes is never writable: asking would only cost a raised and caught BufferError.
+    if obj.__class__ is not bytes:
+        try:
+            held, view = hold_buffer(obj, _WRITABLE_REQUEST)
+        except Exception:  # any exporter error means "try read-only", as in PyTorch and NumPy
+            pass
+        else:
+            return held, view, False
+    # The PYFUNCTYPE binding raised the failed request's error into Python, where it was caught:
+    # no exception is pending when the second request runs (PyTorch retries with one set, F11).
+    if not _capi.PyObject_CheckBuffer(obj):
+        msg = (f"{api}(): object does not implement Python buffer protocol. Got an object of type "
+               f"{type(obj).__name__!r}; pass bytes, bytearray, memoryview, array.array, mmap or "
+               f"another buffer exporter.")
+        raise ValueError(msg)
+    try:
+        held, view = hold_buffer(obj, _READONLY_REQUEST)
+    except Exception as exc:
+        msg = (f"{api}(): could not retrieve buffer from object of type {type(obj).__name__!r} "
+               f"({type(exc).__name__}: {exc}). Only C-contiguous memory can be shared; copy it "
+               f"first (bytes(memoryview(obj)), numpy.ascontiguousarray(obj)).")
+        raise RuntimeError(msg) from exc
+    return held, view, True
+
+
+def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
+    """The number of elements to view, checked in PyTorch's order and words, without overflow."""
+    if length <= 0 or count == 0:
+        msg = (f"frombuffer(): both buffer length ({length}) and count ({count}) must not be 0. "
+               f"Pass a non-empty buffer and a non-zero count.")
+        raise ValueError(msg)
+    if offset < 0 or offset >= length:
+        msg = (f"frombuffer(): offset ({offset} bytes) must be non-negative and no greater than "
+               f"buffer length ({length} bytes) minus 1")
+        raise ValueError(msg)
+    if count < 0:
+        remaining = length - offset
+        if remaining % itemsize:
+            msg = (f"frombuffer(): buffer length ({remaining} bytes) after offset ({offset} bytes) "
+                   f"must be a multiple of element size ({itemsize}). Pass a count to read fewer.")
+            raise ValueError(msg)
+        return remaining // itemsize
+    # Python ints: a huge count cannot wrap into a small request as PyTorch's size_t sum does (F2).
+    if offset + count * itemsize > length:
+        msg = (f"frombuffer(): requested buffer length ({count} * {itemsize} bytes) after offset "
+               f"({offset} bytes) must not be greater than actual buffer length ({length} bytes)")
+        raise ValueError(msg)
+    return count
+
+
+# -------------------------------------------------------------------------------------------------
+# Export: memoryview (PEP 688) and __array_interface__
+
+# Every format handed to PyMemoryView_FromBuffer is one of these module-level bytes objects: a
+# memoryview keeps only a pointer to the characters, so they must live as long as the interpreter.
+_FORMATS: Final[dict[DType, bytes]] = {
+    d: d.format.encode() for d in ALL_DTYPES if d.format is not None
+}
+# Dtypes without a PEP 3118 format (bfloat16, float8_*, float4_e2m1fn_x2, complex32) export their
+# raw bits as unsigned integers of the same size, to consumers that did not ask for the format.
+_RAW_FORMATS: Final[dict[int, bytes]] = {1: b"B", 2: b"H", 4: b"I", 8: b"Q"}
+_BYTE_FORMAT: Final = b"B"
+
+# PyMemoryView_FromBuffer refuses NULL: a view of zero bytes needs some valid address.
+_EMPTY: Final = ctypes.c_char()
+
+# What the inner views of `_host_memoryview` keep alive, by id(inner view). A writable memoryview
+# cannot be hashed, so neither can a weak reference to it: the entry holds the weak reference,
+# whose callback drops the entry when the view dies (before its id can be reused).
+_KEEP_ALIVE: Final[dict[int, tuple[object, ...]]] = {}
+
+
+def _keep_alive(view: memoryview, *objects: object) -> None:
+    key = id(view)
+    ref = weakref.ref(view, lambda _ref: _KEEP_ALIVE.pop(key, None))
+    _KEEP_ALIVE[key] = (ref, *objects)
+
+
+def _host_memoryview(
+    ptr: int, fmt: bytes, itemsize: int, shape: tuple[int, ...], *, readonly: bool, owner: object
+) -> memoryview:
+    """A C-contiguous memoryview of host memory at ``ptr`` that keeps ``owner`` alive.
+
+    ``PyMemoryView_FromBuffer`` builds a view with any format and shape (``Zf``, ``e``, shapes
+    with zeros: ``memoryview.cast`` makes none of them) but owns nothing. So the view it returns
+    stays private (``inner``) and holds ``owner`` through a weak-reference callback, and the view
+    handed out is a new buffer export of ``inner``: ``pickle.PickleBuffer`` re-exports it, where
+    ``memoryview(inner)`` would share inner's unowned buffer manager instead. Every slice, cast or
+    re-export of the result shares a manager that holds ``inner``, so ``owner`` lives exactly as
+    long as the last of them.
+    """
+    ndim = len(shape)
+    nbytes = itemsize
+    for n in shape:
+        nbytes *= n
+    view = _capi.Py_buffer()
+    view.buf = ptr or ctypes.addressof(_EMPTY)
+    view.len = nbytes
+    view.itemsize = itemsize
+    view.readonly = readonly
+    view.ndim = ndim
+    view.format = fmt
+    shape_array = (ctypes.c_ssize_t * ndim)(*shape)
+    strides_array = (ctypes.c_ssize_t * ndim)(*(s * itemsize for s in contiguous_strides(shape)))
+    view.shape = shape_array
+    view.strides = strides_array
+    inner = _capi.PyMemoryView_FromBuffer(view)
+    # `inner` copied shape and strides; keeping the arrays as well means that no pointer left in
+    # its manager's master Py_buffer can ever dangle.
+    _keep_alive(inner, owner, shape_array, strides_array)
+    return memoryview(pickle.PickleBuffer(inner))
 
 
 def buffer_export(t: Tensor, flags: int) -> memoryview:
-    raise NotImplementedError
+    """A memoryview of a contiguous host tensor: ``Tensor.__buffer__`` and ``as_memoryview()``.
+
+    The view has the tensor's shape and, when the dtype has a PEP 3118 format, that format
+    (``'f'``, ``'e'``, ``'?'``, ``'Zf'`` ...). Dtypes without one (bfloat16, float8_*,
+    float4_e2m1fn_x2, complex32) export their raw bits as unsigned integers of the same size
+    (``'B'``, ``'H'``, ``'I'``), but only when the consumer did not ask for the format
+    (``as_memoryview()``, hashlib, ``file.write``): a consumer that requests ``PyBUF_FORMAT``
+    (``memoryview(t)``, NumPy) would misread them, so it gets ``BufferError`` (and NumPy moves on
+    to ``__array_interface__``).
+
+    The memoryview shares the memory and keeps it alive by itself, after the tensor is gone too.
+    It is read-only when the tensor is.
+
+    Args:
+        t: the tensor.
+        flags: the consumer's ``PyBUF_*`` request flags (0 from ``as_memoryview()``).
+
+    Raises:
+        BufferError: the memory is not on the host, the tensor is not C-contiguous, a writable
+            buffer was requested of a read-only tensor, or the format was requested for a dtype
+            that has none.
+    """
+    api = "__buffer__"
+    storage = t._storage
+    if not storage.device.is_host_accessible:
+        msg = (f"{api}(): the tensor's memory is on {storage.device} and cannot be exported as a "
+               f"host buffer; export it with __dlpack__() to a library for {storage.device.type}.")
+        raise BufferError(msg)
+    if flags & _capi.PY_BUF_WRITABLE and storage.readonly:
+        msg = (f"{api}(): a writable buffer was requested (flags=0x{flags:x}) but the tensor is "
+               f"read-only. Request a read-only buffer, or export a clone().")
+        raise BufferError(msg)
+    if not t.is_contiguous():
+        msg = (f"{api}(): the tensor is not C-contiguous (shape {list(t._shape)}, strides "
+               f"{list(t._strides)} in elements), so it has no single buffer. Call contiguous() "
+               f"first (which copies).")
+        raise BufferError(msg)
+    dtype = t._dtype
+    fmt = _FORMATS.get(dtype)
+    if fmt is None:
+        fmt = _RAW_FORMATS[dtype.itemsize]
+        if flags & _capi.PY_BUF_FORMAT:
+            msg = (f"{api}(): the buffer protocol has no format for {dtype}, and this consumer "
+                   f"asked for the element format. Use as_memoryview() for the raw bits (format "
+                   f"{fmt.decode()!r}), or view the tensor as an integer dtype of the same size.")
+            raise BufferError(msg)
+    return _host_memoryview(t.data_ptr(), fmt, dtype.itemsize, tuple(t._shape),
+                            readonly=storage.readonly, owner=storage.owner)
 
 
 def array_interface(t: Tensor) -> dict[str, Any]:
-    raise AttributeError("__array_interface__")
+    """NumPy's ``__array_interface__`` (version 3) of a host tensor.
+
+    ``numpy.asarray(t)`` then shares the memory without copying: NumPy keeps a reference to
+    ``t`` (the array's ``base``), which keeps the memory alive. ``data`` carries the read-only
+    flag, so the array of a read-only tensor is read-only. ``strides`` are in bytes, None when
+    the tensor is C-contiguous.
+
+    Raises:
+        AttributeError: the memory is not on the host, or NumPy has no typestr for the dtype
+            (bfloat16, float8, ...). AttributeError makes ``hasattr(t, "__array_interface__")``
+            False, so NumPy goes on to its other protocols.
+    """
+    storage = t._storage
+    typestr = t._dtype.typestr
+    if typestr is None or not storage.device.is_host_accessible:
+        reason = (f"NumPy has no typestr for {t._dtype}" if typestr is None
+                  else f"the memory is on {storage.device}, not on the host")
+        msg = f"__array_interface__: not available, {reason}; use __dlpack__() instead."
+        raise AttributeError(msg)
+    itemsize = t._dtype.itemsize
+    strides = None if t.is_contiguous() else tuple(s * itemsize for s in t._strides)
+    return {
+        "version": 3,
+        "shape": tuple(t._shape),
+        "typestr": typestr,
+        "data": (t.data_ptr(), storage.readonly),
+        "strides": strides,
+    }
 
 
-def reduce_tensor(t: Tensor, protocol: Any) -> Any:
-    raise NotImplementedError
+# -------------------------------------------------------------------------------------------------
+# Pickling
+
+
+def reduce_tensor(t: Tensor, protocol: int) -> tuple[Any, tuple[Any, ...]]:
+    """``Tensor.__reduce_ex__``: the tensor's bytes and the metadata to rebuild it.
+
+    Protocol 5 wraps the bytes in a ``pickle.PickleBuffer`` over the tensor's own memory: with
+    ``pickle.dumps(t, protocol=5, buffer_callback=...)`` they travel out of band without a copy,
+    and ``pickle.loads(data, buffers=...)`` builds the tensor over the buffers it is given, again
+    without a copy when they are writable (or the tensor was read-only). Older protocols carry
+    ``bytes``; in band, protocol 5 stores a ``bytearray`` that the new tensor adopts.
+
+    The round trip keeps dtype, shape, ``requires_grad``, the read-only flag and the strides, except
+    for a view with gaps between its elements (a step, a narrowed dimension), which arrives as a
+    contiguous copy so that no bytes outside the view travel. Plain pickling always carries the
+    bytes, for tensors in shared memory too; only ``multiprocessing`` sends those by name.
+
+    Raises:
+        BufferError: the memory is not on the host.
+    """
+    storage = t._storage
+    if not storage.device.is_host_accessible:
+        msg = (f"__reduce_ex__(): cannot pickle a tensor whose memory is on {storage.device}; "
+               f"move it to the CPU with the library that owns the device memory first.")
+        raise BufferError(msg)
+    data, offset, strides = _pickled_bytes(t)
+    payload: Any = pickle.PickleBuffer(data) if protocol >= 5 else bytes(data)
+    return _rebuild_tensor, (payload, t._dtype.name, tuple(t._shape), strides, offset,
+                             storage.readonly, t._requires_grad)
+
+
+def _pickled_bytes(t: Tensor) -> tuple[memoryview | bytearray, int, tuple[int, ...]]:
+    """The bytes to pickle, and the element offset and strides of the tensor inside them.
+
+    When the elements span no more memory than they number (contiguous in any dimension order,
+    reversed, broadcast), that span is sent and the layout kept; a view with gaps is packed.
+    """
+    storage, itemsize = t._storage, t._dtype.itemsize
+    span = extent(t._offset, t._shape, t._strides)
+    if span is None:
+        return bytearray(), 0, t._strides  # no elements, no bytes: any strides fit
+    low, high = span
+    if high - low + 1 <= t.numel():
+        view = _host_memoryview(storage.ptr + low * itemsize, _BYTE_FORMAT, 1,
+                                ((high - low + 1) * itemsize,), readonly=storage.readonly,
+                                owner=storage.owner)
+        return view, t._offset - low, t._strides
+    return t._bytes("__reduce_ex__"), 0, contiguous_strides(t._shape)
+
+
+def _rebuild_tensor(  # noqa: PLR0917 (pickle calls it with positional arguments)
+    data: Any, dtype_name: str, shape: tuple[int, ...], strides: tuple[int, ...], offset: int,
+    readonly: bool, requires_grad: bool,
+) -> Tensor:
+    """Unpickle: a tensor over ``data`` (bytes, bytearray, PickleBuffer, ...), bounds-checked."""
+    return _rebuilt(_storage_over(data, readonly), dtype_name, shape, strides, offset,
+                    requires_grad)
+
+
+def _rebuilt(  # noqa: PLR0917 (mirrors the pickled tuples)
+    storage: Storage, dtype_name: str, shape: tuple[int, ...], strides: tuple[int, ...],
+    offset: int, requires_grad: bool,
+) -> Tensor:
+    # Tensor._new checks the layout against the storage: a crafted pickle cannot reach outside it.
+    t = Tensor._new(storage, offset, shape, strides, BY_NAME[dtype_name], "__reduce_ex__")
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _storage_over(data: Any, readonly: bool) -> Storage:
+    """A storage sharing ``data``'s memory, or a writable copy when ``data`` cannot be written."""
+    try:
+        held, view = hold_buffer(data, _READONLY_REQUEST if readonly else _WRITABLE_REQUEST)
+    except Exception:  # exporters word "not writable" as BufferError, ValueError (NumPy), ...
+        if readonly:
+            raise
+        # A read-only buffer for a writable tensor (``bytes`` from protocol <= 4, out-of-band
+        # buffers the receiver made read-only): copy, so the tensor is writable as it was.
+        source = memoryview(data).cast("B")
+        storage = allocate(source.nbytes)
+        if source.nbytes:
+            storage.host_view("__reduce_ex__")[:] = source
+        return storage
+    return Storage(view.buf or 0, view.len, CPU, readonly, held)
+
+
+# -------------------------------------------------------------------------------------------------
+# Shared memory
+
+# Segments this process created and has not unlinked yet; unlinked at exit at the latest.
+_CREATED: Final[dict[str, SharedMemory]] = {}
+_reducer_registered = False
+
+
+class _SharedBlock:
+    """A ``multiprocessing.shared_memory`` segment, mapped and held for one storage.
+
+    The creating process unlinks the segment when the block dies (or at exit); processes that
+    attached only unmap it. ``previous`` is the storage's owner before `share_memory` moved it
+    here: exports made before the move that reach the memory through the tensor (NumPy arrays via
+    ``__array_interface__``) still point into that memory, so it lives as long as the storage.
+    """
+
+    __slots__ = ("_held", "_previous", "_shm", "creator", "name", "ptr")
+
+    def __init__(self, shm: SharedMemory, creator: bool, previous: object = None) -> None:
+        self._shm = shm
+        self.creator = creator
+        self.name = shm.name
+        self._previous = previous
+        held, view = hold_buffer(shm.buf, _WRITABLE_REQUEST)
+        self._held: object = held
+        self.ptr: int = view.buf
+
+    @property
+    def size(self) -> int:
+        """Bytes in the segment (at least what was asked for; may be rounded up to pages)."""
+        return self._shm.size
+
+    def __del__(self) -> None:
+        if _is_finalizing():
+            return  # leak the mapping; the atexit hook has unlinked what this process created
+        self._held = None  # PyBuffer_Release first: SharedMemory.close() refuses while exported
+        shm = getattr(self, "_shm", None)
+        if shm is None:
+            return
+        try:
+            shm.close()
+        except (BufferError, OSError):
+            return  # someone else still holds the mapping; it goes with them
+        if self.creator:
+            _unlink(self.name)
+
+
+def _unlink(name: str) -> None:
+    shm = _CREATED.pop(name, None)
+    if shm is not None:
+        with contextlib.suppress(OSError):  # already unlinked (by hand, or by a resource tracker)
+            shm.unlink()
+
+
+@atexit.register
+def _unlink_created() -> None:
+    # Mappings stay valid until the process ends; only the names go, so no segment outlives us.
+    for name in list(_CREATED):
+        _unlink(name)
+
+
+@functools.cache
+def _segment_type() -> type[SharedMemory]:
+    """``SharedMemory`` without its closing finalizer (imported on first use: multiprocessing)."""
+    from multiprocessing import shared_memory  # noqa: PLC0415 (only for share_memory_)
+
+    class _Segment(shared_memory.SharedMemory):
+        # `_SharedBlock` closes the segment after releasing its buffer export. At interpreter exit
+        # SharedMemory.__del__ would try to close it while the leaked export still pins it, and
+        # print a BufferError; the mapping is left to the operating system instead.
+        def __del__(self) -> None:
+            pass
+
+    return _Segment
+
+
+def _create_block(nbytes: int, previous: object) -> _SharedBlock:
+    # A zero-size segment is refused, so an empty storage gets one byte it never uses.
+    shm = _segment_type()(create=True, size=max(nbytes, 1))
+    _CREATED[shm.name] = shm
+    try:
+        return _SharedBlock(shm, creator=True, previous=previous)
+    except BaseException:
+        shm.close()
+        _unlink(shm.name)
+        raise
+
+
+def _attach_block(name: str) -> _SharedBlock:
+    if sys.version_info >= (3, 13):
+        shm = _segment_type()(name=name, track=False)
+    else:
+        # NOTE: before 3.13 attaching also registers the name with the resource tracker. Processes
+        # started by multiprocessing share their parent's tracker, where that is a no-op; an
+        # unrelated process would unlink the segment when it exits (python/cpython#82300).
+        shm = _segment_type()(name=name)
+    return _SharedBlock(shm, creator=False)
 
 
 def share_memory(t: Tensor) -> Tensor:
-    raise NotImplementedError
+    """``Tensor.share_memory_()``: move the tensor's storage into shared memory; returns ``t``.
+
+    Every view of the storage moves with it (they share one storage object). The bytes are copied
+    into a new ``multiprocessing.shared_memory`` segment, so the tensor stops sharing memory with
+    whatever provided it (a bytearray, a NumPy array). Exports made before the move keep the old
+    memory, unchanged from then on: memoryviews, DLPack capsules and pickle buffers hold its
+    owner, and the storage holds it too, for NumPy arrays made through ``__array_interface__``,
+    until the storage dies. So call it right after creating the tensor. A tensor already in
+    shared memory is returned as it is.
+
+    Pickling such a tensor through ``multiprocessing`` (``Queue``, ``Pool``,
+    ``ProcessPoolExecutor``) sends the segment's name: the receiving process maps the same memory,
+    and each side sees the other's writes. The creating process unlinks the segment when its
+    storage dies, so keep the tensor alive until the receiver has unpickled it.
+
+    Raises:
+        BufferError: the memory is not plain CPU memory.
+    """
+    storage = t._storage
+    if isinstance(storage.owner, _SharedBlock):
+        return t
+    if storage.device != CPU:
+        msg = (f"share_memory_(): only CPU tensors can be moved into shared memory; this one is "
+               f"on {storage.device}. Share device memory with the library that owns it.")
+        raise BufferError(msg)
+    block = _create_block(storage.nbytes, previous=storage.owner)
+    if storage.nbytes:
+        ctypes.memmove(block.ptr, storage.ptr, storage.nbytes)
+    # Storage attributes are plain slots: every view sees the move at once. The cached host view
+    # points into the old memory, so it goes too.
+    storage.ptr, storage.owner, storage._mv = block.ptr, block, None
+    _register_process_reducer()
+    return t
+
+
+def _register_process_reducer() -> None:
+    """Make ``multiprocessing``'s pickler send shared-memory tensors by name, as PyTorch does."""
+    global _reducer_registered  # noqa: PLW0603 (once per process)
+    if not _reducer_registered:
+        from multiprocessing.reduction import ForkingPickler  # noqa: PLC0415 (only when sharing)
+
+        ForkingPickler.register(Tensor, _reduce_for_process)
+        _reducer_registered = True
+
+
+def _reduce_for_process(t: Tensor) -> tuple[Any, tuple[Any, ...]]:
+    storage = t._storage
+    owner = storage.owner
+    if not isinstance(owner, _SharedBlock):
+        return reduce_tensor(t, pickle.DEFAULT_PROTOCOL)
+    return _rebuild_shared, (owner.name, storage.nbytes, t._dtype.name, tuple(t._shape),
+                             t._strides, t._offset, storage.readonly, t._requires_grad)
+
+
+def _rebuild_shared(  # noqa: PLR0917 (pickle calls it with positional arguments)
+    name: str, nbytes: int, dtype_name: str, shape: tuple[int, ...], strides: tuple[int, ...],
+    offset: int, readonly: bool, requires_grad: bool,
+) -> Tensor:
+    """Unpickle a shared-memory tensor: map the segment by name (every process sees each write)."""
+    block = _attach_block(name)
+    storage = Storage(block.ptr, min(nbytes, block.size), CPU, readonly, block)
+    t = _rebuilt(storage, dtype_name, shape, strides, offset, requires_grad)
+    _register_process_reducer()  # so that this process sends it on by name too
+    return t

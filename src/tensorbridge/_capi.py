@@ -85,6 +85,6 @@ PyObject_CheckBuffer: Final = _bind("PyObject_CheckBuffer", _int, _py)
 # ``types.CapsuleType`` exists only from Python 3.13; every capsule shares this type.
 CapsuleType: Final[type] = type(PyCapsule_New(id(_api), None, None))
 
-# A memoryview over a filled-in Py_buffer: any format string (``Zf``, ``e``), shape and strides, which
-# ``memoryview.cast`` cannot produce. The view does not own ``buf``; _buffer.buffer_export ties the lifetime.
+# A memoryview over a filled-in Py_buffer: any format (``Zf``, ``e``), shape and strides, which
+# ``memoryview.cast`` cannot make. The view does not own ``buf``: _buffer ties the lifetime.
 PyMemoryView_FromBuffer: Final = _bind("PyMemoryView_FromBuffer", _py, ctypes.POINTER(Py_buffer))

@@ -1,0 +1,344 @@
+"""Pickling (``Tensor.__reduce_ex__``) and shared memory (``Tensor.share_memory_``).
+
+Round trips keep dtype, shape, strides (dense layouts) or a contiguous copy (views with gaps), the
+read-only flag and requires_grad; protocol 5 moves bytes out of band without copying. Shared-memory
+tensors cross process boundaries by name through multiprocessing's pickler, so a worker's writes are
+seen by the parent; exports made before ``share_memory_()`` keep the old memory alive.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import gc
+import multiprocessing
+import operator
+import pickle
+import sys
+from multiprocessing import shared_memory
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+
+import tensorbridge as tb
+from tensorbridge import _buffer
+from tensorbridge._device import Device
+from tensorbridge._layout import extent
+from tensorbridge._storage import Storage
+from tensorbridge._tensor import Tensor
+
+PROTOCOLS = list(range(pickle.HIGHEST_PROTOCOL + 1))
+ALL_DTYPES = [d for d in vars(tb).values() if isinstance(d, tb.dtype)]
+
+
+def _np():
+    return pytest.importorskip("numpy")
+
+
+def _has_gaps(t: Tensor) -> bool:
+    """True when the elements span more memory than they fill (then pickling packs them)."""
+    span = extent(t.storage_offset(), t.shape, t.stride())
+    return span is not None and span[1] - span[0] + 1 > t.numel()
+
+
+def _same(a: Tensor, b: Tensor) -> None:
+    assert a.dtype is b.dtype
+    assert tuple(a.shape) == tuple(b.shape)
+    assert bytes(a._bytes("test")) == bytes(b._bytes("test"))
+    assert a.is_readonly is b.is_readonly
+    assert a.requires_grad is b.requires_grad
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """One spawned worker for the whole module: processes are slow to start."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as ex:
+        yield ex
+
+
+# -------------------------------------------------------------------------------------------------
+# Round trips
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_layout_matrix_round_trip(layout, protocol):
+    """Every layout and protocol: same values; strides kept unless the view has gaps."""
+    _, t = layout
+    u = pickle.loads(pickle.dumps(t, protocol=protocol))
+    _same(t, u)
+    if _has_gaps(t):
+        assert u.is_contiguous()
+    else:
+        assert u.stride() == t.stride()
+
+
+@pytest.mark.parametrize("dtype", sorted(set(ALL_DTYPES), key=lambda d: d.name),
+                         ids=lambda d: d.name)
+def test_every_dtype(dtype):
+    """Every dtype round-trips its exact bytes."""
+    t = tb.frombuffer(bytearray(range(16 * dtype.itemsize)), dtype=dtype)
+    for protocol in (2, 5):
+        _same(t, pickle.loads(pickle.dumps(t, protocol=protocol)))
+
+
+def test_requires_grad_and_readonly_round_trip():
+    """requires_grad and the read-only flag survive every protocol."""
+    g = tb.frombuffer(bytearray(16), dtype=tb.float32, requires_grad=True)
+    r = tb.frombuffer(bytes(16), dtype=tb.float64)
+    for protocol in PROTOCOLS:
+        assert pickle.loads(pickle.dumps(g, protocol=protocol)).requires_grad
+        assert pickle.loads(pickle.dumps(r, protocol=protocol)).is_readonly
+
+
+def test_unpickled_tensor_is_independent():
+    """An in-band round trip is a copy: writing it leaves the original alone, and it is writable."""
+    t = tb.arange(4)
+    for protocol in (2, 5):
+        u = pickle.loads(pickle.dumps(t, protocol=protocol))
+        u[0] = 99
+        assert t[0].item() == 0
+
+
+def test_copy_and_deepcopy():
+    """copy.copy and copy.deepcopy give equal, independent tensors."""
+    t = tb.arange(6, dtype=tb.float32).reshape(2, 3)
+    for c in (copy.copy(t), copy.deepcopy(t)):
+        _same(t, c)
+        c[0, 0] = -1.0
+        assert t[0, 0].item() == 0.0
+
+
+def test_broadcast_view_stays_small():
+    """A broadcast view pickles its few distinct elements, not the expanded size."""
+    t = tb.arange(4, dtype=tb.float64).reshape(1, 4).expand(100_000, 4)
+    data = pickle.dumps(t, protocol=5)
+    assert len(data) < 1000
+    u = pickle.loads(data)
+    assert u.stride() == (0, 1)
+    assert u[99_999].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+# -------------------------------------------------------------------------------------------------
+# Protocol 5, out of band
+
+
+def test_out_of_band_is_zero_copy():
+    """buffer_callback gets a PickleBuffer over the tensor's memory; loads() maps it back."""
+    np = _np()
+    t = tb.arange(100_000, dtype=tb.float64)
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(t, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 1
+    assert len(data) < 300  # metadata only
+    assert np.frombuffer(buffers[0], dtype=np.float64).ctypes.data == t.data_ptr()
+    u = pickle.loads(data, buffers=buffers)
+    assert u.data_ptr() == t.data_ptr()
+    u[0] = 5.0
+    assert t[0].item() == 5.0
+
+
+def test_out_of_band_readonly_buffers_are_copied_for_writable_tensors():
+    """A writable tensor rebuilt from read-only buffers (received bytes) is a writable copy."""
+    t = tb.arange(8, dtype=tb.int32)
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(t, protocol=5, buffer_callback=buffers.append)
+    received = [bytes(b) for b in buffers]
+    u = pickle.loads(data, buffers=received)
+    assert not u.is_readonly
+    u[0] = 7
+    assert u.tolist() == [7, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_out_of_band_readonly_tensor_shares_readonly_buffers():
+    """A read-only tensor rebuilt from read-only buffers shares them (no copy is needed)."""
+    t = tb.frombuffer(bytes(range(8)), dtype=tb.uint8)
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(t, protocol=5, buffer_callback=buffers.append)
+    received = [bytes(b) for b in buffers]
+    u = pickle.loads(data, buffers=received)
+    assert u.is_readonly
+    np = _np()
+    assert u.data_ptr() == np.frombuffer(received[0], dtype=np.uint8).ctypes.data
+
+
+def test_in_band_protocol_5_keeps_the_stream_bytes():
+    """In band, protocol 5 stores a bytearray, which the rebuilt tensor adopts without a copy."""
+    u = pickle.loads(pickle.dumps(tb.arange(4, dtype=tb.int64), protocol=5))
+    assert isinstance(u._storage.owner.obj, bytearray)
+    assert not u.is_readonly
+
+
+def test_non_host_tensor_refuses():
+    """A tensor whose memory is not on the host cannot be pickled."""
+    storage = Storage(0x7F00_0000_0000, 16, Device("cuda", 0), False, None)
+    t = Tensor._make(storage, 0, (4,), (1,), tb.float32)
+    with pytest.raises(BufferError, match="cuda:0"):
+        pickle.dumps(t)
+
+
+def test_malformed_pickle_is_bounds_checked():
+    """Metadata pointing outside the pickled bytes is a ValueError, never an out-of-bounds view."""
+    with pytest.raises(ValueError, match="outside the storage"):
+        _buffer._rebuild_tensor(bytearray(8), "float64", (2,), (1,), 0, False, False)
+
+
+# -------------------------------------------------------------------------------------------------
+# multiprocessing
+
+
+def test_plain_tensor_through_a_process_pool(pool):
+    """A tensor in ordinary memory reaches the worker as a copy: its writes stay there."""
+    t = tb.arange(5, dtype=tb.int32)
+    back = pool.submit(operator.methodcaller("fill_", 3), t).result()
+    assert back.tolist() == [3] * 5
+    assert t.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_process_pool_reads_layouts(pool):
+    """Non-contiguous and read-only tensors arrive with their values."""
+    t = tb.arange(12).reshape(3, 4)[:, 1::2].T
+    assert pool.submit(Tensor.tolist, t).result() == t.tolist()
+    r = tb.frombuffer(bytes(range(4)), dtype=tb.uint8)
+    assert pool.submit(operator.attrgetter("is_readonly"), r).result()
+
+
+def test_multiprocessing_pool():
+    """multiprocessing.Pool (forkserver or spawn) sends and returns tensors."""
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    with multiprocessing.get_context(method).Pool(1) as p:
+        assert p.map(Tensor.tolist, [tb.arange(3), tb.ones(2)]) == [[0, 1, 2], [1.0, 1.0]]
+
+
+# -------------------------------------------------------------------------------------------------
+# Shared memory
+
+
+def test_share_memory_moves_the_storage():
+    """share_memory_() returns the tensor, keeps values and layout, and every view moves with it."""
+    base = tb.arange(12, dtype=tb.float32)
+    t = base.reshape(3, 4)[1:]
+    before = t.tolist()
+    assert t.share_memory_() is t
+    assert isinstance(t._storage.owner, _buffer._SharedBlock)
+    assert base._storage is t._storage
+    assert t.tolist() == before
+    base[4] = -1.0
+    assert t[0, 0].item() == -1.0
+
+
+def test_already_shared_returns_itself():
+    """A tensor already in shared memory is returned as is, memory unchanged."""
+    t = tb.arange(4).share_memory_()
+    ptr = t.data_ptr()
+    assert t.share_memory_() is t
+    assert t.data_ptr() == ptr
+
+
+def test_share_memory_keeps_readonly():
+    """A read-only tensor stays read-only in shared memory."""
+    t = tb.frombuffer(bytes(8), dtype=tb.uint8).share_memory_()
+    assert t.is_readonly
+    with pytest.raises(ValueError, match="read-only"):
+        t[0] = 1
+
+
+def test_share_memory_refuses_device_memory():
+    """Only CPU memory can be moved into shared memory."""
+    storage = Storage(0x7F00_0000_0000, 16, Device("cuda", 0), False, None)
+    t = Tensor._make(storage, 0, (4,), (1,), tb.float32)
+    with pytest.raises(BufferError, match="CPU"):
+        t.share_memory_()
+
+
+def test_exports_before_the_move_keep_the_old_memory():
+    """A memoryview, a NumPy array and a DLPack capsule made before share_memory_() stay valid."""
+    np = _np()
+    t = tb.arange(4, dtype=tb.int64)
+    mv = t.as_memoryview()
+    arr = np.asarray(t)
+    old_ptr = t.data_ptr()
+    try:
+        capsule_holder = tb.from_dlpack(t.__dlpack__(max_version=(1, 0)))
+    except NotImplementedError:
+        capsule_holder = None
+    t.share_memory_()
+    assert t.data_ptr() != old_ptr
+    assert arr.ctypes.data == old_ptr
+    t.fill_(9)
+    del t
+    gc.collect()
+    churn = [tb.full((4,), -1, dtype=tb.int64) for _ in range(50)]
+    assert mv.tolist() == [0, 1, 2, 3]
+    assert arr.tolist() == [0, 1, 2, 3]
+    if capsule_holder is not None:
+        assert capsule_holder.tolist() == [0, 1, 2, 3]
+    del churn
+
+
+def test_shared_tensor_written_by_a_worker(pool):
+    """A worker's writes to a shared-memory tensor reach the parent; the result aliases it."""
+    t = tb.zeros(6, dtype=tb.float64).share_memory_()
+    view = t[2:5]
+    back = pool.submit(operator.methodcaller("fill_", 7.0), view).result()
+    assert t.tolist() == [0.0, 0.0, 7.0, 7.0, 7.0, 0.0]
+    assert isinstance(back._storage.owner, _buffer._SharedBlock)
+    assert back._storage.owner.name == t._storage.owner.name
+    back[0] = -1.0
+    assert t[2].item() == -1.0
+
+
+def test_forking_pickler_sends_the_name():
+    """multiprocessing's pickler sends a shared tensor by name: the copy maps the same memory."""
+    t = tb.arange(6, dtype=tb.int16).reshape(2, 3).share_memory_().T
+    data = bytes(ForkingPickler.dumps(t))
+    assert len(data) < 400
+    u = pickle.loads(data)
+    assert u.stride() == t.stride()
+    assert u.tolist() == t.tolist()
+    u[0, 1] = 100
+    assert t[0, 1].item() == 100
+    assert u.data_ptr() != t.data_ptr()  # a second mapping of one segment
+
+
+def test_plain_pickle_of_a_shared_tensor_carries_bytes():
+    """pickle.dumps (not multiprocessing) sends the values, so the pickle outlives the segment."""
+    t = tb.arange(3).share_memory_()
+    u = pickle.loads(pickle.dumps(t))
+    assert not isinstance(u._storage.owner, _buffer._SharedBlock)
+    u[0] = 5
+    assert t[0].item() == 0
+
+
+def test_segment_is_unlinked_when_the_storage_dies():
+    """The creating process unlinks the segment with its storage: the name is gone."""
+    t = tb.ones(4).share_memory_()
+    name = t._storage.owner.name
+    del t
+    gc.collect()
+    assert name not in _buffer._CREATED
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=name)
+
+
+def test_exit_with_live_shared_tensors_is_clean(subprocess_run):
+    """Exiting with live shared tensors unlinks their segments and prints no leak warning."""
+    result = subprocess_run("""
+        import tensorbridge as tb
+        t = tb.arange(10).share_memory_()
+        keep = [t, t[2:]]
+        print(t._storage.owner.name)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=result.stdout.strip())
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX shared memory names")
+def test_worker_exit_does_not_unlink(pool):
+    """A worker that received a shared tensor and dropped it leaves the segment to its creator."""
+    t = tb.arange(4).share_memory_()
+    pool.submit(Tensor.tolist, t).result()
+    shm = shared_memory.SharedMemory(name=t._storage.owner.name)
+    shm.close()
