@@ -16,7 +16,8 @@ from typing import Any
 from . import _codec, _dtype, _layout
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
-from ._tensor import Tensor, _from_bytes
+from ._storage import allocate
+from ._tensor import GRAD_MSG_CREATE, Tensor, _from_bytes
 
 __all__ = [
     "arange",
@@ -33,7 +34,12 @@ __all__ = [
 
 # PyTorch's defaults: torch.get_default_dtype() is float32; complex follows it.
 _DEFAULT_FOR_KIND = {"b": _dtype.bool, "i": _dtype.int64, "f": _dtype.float32, "c": _dtype.complex64}
-_KIND_RANK = {"b": 0, "i": 1, "f": 2, "c": 3}
+# PyTorch promotes these only with themselves (c10/core/ScalarType.cpp promoteTypes).
+_BARELY_PROMOTED = frozenset({_dtype.uint16, _dtype.uint32, _dtype.uint64})
+_COMPLEX_OF = {
+    _dtype.float16: _dtype.complex32, _dtype.float32: _dtype.complex64, _dtype.float64: _dtype.complex128,
+}
+_REAL_OF = {c: f for f, c in _COMPLEX_OF.items()}
 
 
 def _scalar_kind(value: Any, api: str) -> str:
@@ -49,38 +55,116 @@ def _scalar_kind(value: Any, api: str) -> str:
         return "i"
     if hasattr(value, "__float__"):
         return "f"
-    msg = (f"{api}(): invalid data type '{type(value).__name__}'; got {value!r}. "
+    msg = (f"{api}(): Could not infer dtype of {type(value).__name__}; got {value!r}. "
            f"Elements must be bool, int, float or complex.")
     raise TypeError(msg)
 
 
-def _flatten(data: Any, api: str) -> tuple[list[Any], tuple[int, ...], str, DType | None]:
-    """Flatten nested sequences (and tensors inside them) row-major.
+def _foreign_dtype(value: Any) -> DType | None:
+    """The dtype of a NumPy scalar or array (its ``dtype.str``), or None."""
+    typestr = getattr(getattr(value, "dtype", None), "str", None)
+    return _dtype.BY_TYPESTR.get(typestr[1:]) if isinstance(typestr, str) else None
 
-    Returns the values, the shape, the widest kind seen, and the dtype when every leaf is a tensor of one
-    dtype (PyTorch keeps it: ``tensor([t1, t2])`` has the tensors' dtype).
+
+def _promote(a: DType, b: DType, api: str) -> DType:
+    """PyTorch's ``promote_types`` (c10/core/ScalarType.cpp ``promoteTypes``), with its refusals."""
+    if a is b:
+        return a
+    refused = None
+    if _is_float8(a) or _is_float8(b):
+        refused = "Float8 Types"
+    elif a in _BARELY_PROMOTED or b in _BARELY_PROMOTED:
+        if a.kind == "f" or b.kind == "f":  # the one promotion PyTorch defines for them
+            return a if a.kind == "f" else b
+        refused = "uint16, uint32, uint64 types"
+    elif _dtype.float4_e2m1fn_x2 in (a, b):
+        refused = "Float4 types"
+    if refused is not None:
+        msg = (f"{api}(): Promotion for {refused} is not supported, attempted to promote {a} and {b}. "
+               f"Pass dtype= explicitly.")
+        raise TypeError(msg)
+    if a.kind == "b" or b.kind == "b":
+        return b if a.kind == "b" else a
+    category = {"i": 0, "u": 0, "f": 1, "c": 2}
+    lo, hi = sorted((a, b), key=lambda d: (category[d.kind], d.itemsize))
+    if hi.kind == "c":
+        # The complex result must hold the real operand's precision: complex64 + float64 -> complex128.
+        real = _promote(lo, _REAL_OF[hi], api) if lo.kind in "fc" else _REAL_OF[hi]
+        return _COMPLEX_OF[_REAL_OF.get(real, real)]
+    if hi.kind == "f":
+        return _dtype.float32 if lo.kind == "f" and lo.itemsize == hi.itemsize else hi  # float16 + bfloat16
+    if _dtype.uint8 not in (a, b):  # two signed ints
+        return hi
+    signed = b if a is _dtype.uint8 else a
+    return signed if signed.itemsize > 1 else _dtype.int16  # uint8 + int8 -> int16
+
+
+def _is_float8(dtype: DType) -> bool:
+    return dtype.kind == "f" and dtype.itemsize == 1 and dtype is not _dtype.float4_e2m1fn_x2
+
+
+def _flatten(data: Any, api: str, depth: int = 0) -> tuple[list[Any], tuple[int, ...], DType | None]:
+    """Flatten nested sequences (and tensors inside them) row-major, inferring PyTorch's dtype.
+
+    Returns the values, the shape and the promoted dtype of the leaves (None when there are none):
+    Python bools, ints, floats and complex count as bool, int64, float32 and complex64; tensors,
+    NumPy scalars and arrays as their own dtype (``tensor([t1, t2])`` keeps the tensors' dtype).
+    ``depth`` is the nesting level of ``data``, for the error message.
     """
     if isinstance(data, Tensor):
-        return data._values(api), tuple(data.shape), data.dtype.kind if data.dtype.kind != "u" else "i", data.dtype
+        return data._values(api), tuple(data.shape), data.dtype
     if isinstance(data, (str, bytes)) or not isinstance(data, Sequence):
         if hasattr(data, "tolist") and not isinstance(data, numbers.Number):
-            return _flatten(data.tolist(), api)
-        kind = _scalar_kind(data, api)
-        return [data], (), kind, None
+            values, shape, inferred = _flatten(data.tolist(), api, depth)
+            return values, shape, _foreign_dtype(data) or inferred
+        return [data], (), _foreign_dtype(data) or _DEFAULT_FOR_KIND[_scalar_kind(data, api)]
     if len(data) == 0:
-        return [], (0,), "f", None
-    parts = [_flatten(item, api) for item in data]
+        return [], (0,), None
+    parts = [_flatten(item, api, depth + 1) for item in data]
     first_shape = parts[0][1]
     for i, part in enumerate(parts):
         if part[1] != first_shape:
-            msg = (f"{api}(): expected sequence of length {first_shape[0] if first_shape else 0} at dim 1 "
-                   f"(got {part[1][0] if part[1] else 0}); element {i} has shape {list(part[1])}. "
-                   f"Nested sequences must be rectangular.")
+            msg = (f"{api}(): expected sequence of length {first_shape[0] if first_shape else 0} at dim "
+                   f"{depth + 1} (got {part[1][0] if part[1] else 0}); element {i} at dim {depth} has shape "
+                   f"{list(part[1])}, element 0 has shape {list(first_shape)}. Nested sequences must be "
+                   f"rectangular.")
             raise ValueError(msg)
     values = [v for part in parts for v in part[0]]
-    kind = max((p[2] for p in parts), key=_KIND_RANK.__getitem__)
-    leaf = parts[0][3] if all(p[3] is parts[0][3] for p in parts) else None
-    return values, (len(data), *first_shape), kind, leaf
+    dtypes = [p[2] for p in parts if p[2] is not None]
+    inferred = dtypes[0] if dtypes else None
+    for d in dtypes[1:]:
+        inferred = _promote(inferred, d, api)  # type: ignore[arg-type]
+    return values, (len(data), *first_shape), inferred
+
+
+def _check_values(values: list[Any], dtype: DType, api: str) -> None:
+    """Refuse what PyTorch's ``tensor()`` refuses rather than store something else.
+
+    PyTorch converts each Python number with ``c10::checked_convert``: a complex number for a real
+    dtype, or an int or float outside an integer dtype's range, is an error (floats past a float
+    dtype's range become inf, as in PyTorch).
+    """
+    if dtype.kind not in "bc":
+        for v in values:
+            if isinstance(v, complex):
+                msg = (f"{api}(): must be real number, not complex; got {v!r} for dtype {dtype}. "
+                       f"Pass a complex dtype or the real parts.")
+                raise TypeError(msg)
+    if dtype.kind not in "iu":
+        return
+    high = 2**dtype.bits - 1 if dtype.kind == "u" else 2 ** (dtype.bits - 1) - 1
+    low = 0 if dtype.kind == "u" else -high - 1
+    # c10::overflows: ints may wrap into unsigned types down to -max (-1 is 255 as uint8); floats may
+    # not, and NaN fits no integer type.
+    lows = {int: -high if dtype.kind == "u" else low, builtins.float: low}
+    for v in values:
+        lo = lows.get(type(v))
+        if lo is not None and not lo <= v <= high:
+            reason = ("Overflow when unpacking long long" if dtype is _dtype.int64 and type(v) is int
+                      else f"value cannot be converted to type {dtype.name} without overflow")
+            msg = (f"{api}(): {reason}; got {v!r}, outside [{lo}, {high}] for dtype {dtype}. "
+                   f"Pass a wider dtype.")
+            raise ValueError(msg)
 
 
 def _result_device(device: Any, api: str) -> Device:
@@ -93,16 +177,16 @@ def _result_device(device: Any, api: str) -> Device:
     return dev
 
 
-def _grad(t: Tensor, requires_grad: bool) -> Tensor:
-    return t.requires_grad_(True) if requires_grad else t
+def _grad(t: Tensor, requires_grad: bool, api: str) -> Tensor:
+    return t._set_requires_grad(True, api, GRAD_MSG_CREATE) if requires_grad else t
 
 
 def tensor(data: Any, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of ``data`` (nested sequences, scalars, or any object with memory).
 
-    dtype inference follows PyTorch: bools -> bool, ints -> int64, floats -> float32, complex -> complex64;
-    the widest kind wins. Objects with ``__dlpack__``, a buffer or an array interface are copied through
-    `asarray`.
+    dtype inference follows PyTorch: bools -> bool, ints -> int64, floats -> float32, complex -> complex64,
+    tensors and NumPy scalars keep their dtype, and the leaves promote as ``torch.promote_types`` does.
+    Objects with ``__dlpack__``, a buffer or an array interface are copied through `asarray`.
 
     Example:
         >>> tensor([[1, 2], [3, 4]])
@@ -114,12 +198,13 @@ def tensor(data: Any, *, dtype: DType | None = None, device: Any = None, require
     dev = _result_device(device, "tensor")
     if not isinstance(data, (Tensor, Sequence, numbers.Number)) and _convert.is_protocol_object(data):
         return _convert.asarray(data, dtype=dtype, device=device, copy=True, requires_grad=requires_grad)
-    values, shape, kind, leaf_dtype = _flatten(data, "tensor")
-    target = dtype or leaf_dtype or _DEFAULT_FOR_KIND[kind]
+    values, shape, inferred = _flatten(data, "tensor")
+    target = dtype or inferred or _dtype.float32
     if len(shape) > _layout.MAX_NDIM:
         msg = f"tensor(): at most {_layout.MAX_NDIM} dimensions are supported; got {len(shape)}."
         raise ValueError(msg)
-    return _grad(_from_bytes(_codec.pack(target, values), shape, target, dev), requires_grad)
+    _check_values(values, target, "tensor")
+    return _grad(_from_bytes(_codec.pack(target, values), shape, target, dev), requires_grad, "tensor")
 
 
 def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tensor:
@@ -129,10 +214,20 @@ def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tens
 
 def _filled(shape: tuple[int, ...], value: Any, dtype: DType, device: Device, requires_grad: bool,
             api: str) -> Tensor:
-    _codec.check_scalar(dtype, value, api)
-    nbytes = math.prod(shape) * dtype.itemsize
-    data = _codec.pack(dtype, [value]) * math.prod(shape) if value != 0 else bytes(nbytes)
-    return _grad(_from_bytes(data, shape, dtype, device), requires_grad)
+    """A new tensor holding ``value`` everywhere."""
+    _codec.check_scalar(dtype, value, api, numel=math.prod(shape))
+    data = _codec.pack(dtype, [value]) * math.prod(shape)
+    return _grad(_from_bytes(data, shape, dtype, device), requires_grad, api)
+
+
+def _zeroed(shape: tuple[int, ...], dtype: DType, device: Device, requires_grad: bool, api: str) -> Tensor:
+    """A new tensor of all-zero bytes: zero in every dtype (PyTorch's ``zeros`` is a memset too).
+
+    New storage is zero-filled already, so nothing is packed or copied.
+    """
+    storage = allocate(math.prod(shape) * dtype.itemsize, device)
+    t = Tensor._make(storage, 0, shape, _layout.contiguous_strides(shape), dtype)
+    return _grad(t, requires_grad, api)
 
 
 def _creation_args(size: Sequence[Any], dtype: Any, device: Any, api: str) -> tuple[tuple[int, ...], DType, Device]:
@@ -143,7 +238,7 @@ def _creation_args(size: Sequence[Any], dtype: Any, device: Any, api: str) -> tu
 def zeros(*size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A new tensor of zeros (float32 unless ``dtype`` says otherwise)."""
     shape, dt, dev = _creation_args(size, dtype, device, "zeros")
-    return _filled(shape, 0, dt, dev, requires_grad, "zeros")
+    return _zeroed(shape, dt, dev, requires_grad, "zeros")
 
 
 def ones(*size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
@@ -155,7 +250,7 @@ def ones(*size: Any, dtype: DType | None = None, device: Any = None, requires_gr
 def empty(*size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A new tensor; tensorbridge memory is always zero-initialised, so this equals `zeros`."""
     shape, dt, dev = _creation_args(size, dtype, device, "empty")
-    return _filled(shape, 0, dt, dev, requires_grad, "empty")
+    return _zeroed(shape, dt, dev, requires_grad, "empty")
 
 
 def full(size: Any, fill_value: Any, *, dtype: DType | None = None, device: Any = None,
@@ -181,7 +276,7 @@ def _like(t: Tensor, dtype: Any, device: Any, api: str) -> tuple[tuple[int, ...]
 def zeros_like(t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """Zeros with ``t``'s shape (and dtype unless given)."""
     shape, dt, dev = _like(t, dtype, device, "zeros_like")
-    return _filled(shape, 0, dt, dev, requires_grad, "zeros_like")
+    return _zeroed(shape, dt, dev, requires_grad, "zeros_like")
 
 
 def ones_like(t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
@@ -193,7 +288,7 @@ def ones_like(t: Tensor, *, dtype: DType | None = None, device: Any = None, requ
 def empty_like(t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A zeroed tensor with ``t``'s shape (and dtype unless given)."""
     shape, dt, dev = _like(t, dtype, device, "empty_like")
-    return _filled(shape, 0, dt, dev, requires_grad, "empty_like")
+    return _zeroed(shape, dt, dev, requires_grad, "empty_like")
 
 
 def full_like(t: Tensor, fill_value: Any, *, dtype: DType | None = None, device: Any = None,
@@ -207,8 +302,9 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: DType | None = 
            requires_grad: bool = False) -> Tensor:
     """Values from ``start`` (inclusive) to ``end`` (exclusive) by ``step``.
 
-    Length is PyTorch's ``ceil((end - start) / step)`` computed in double precision; values are computed
-    as ``start + i * step`` in double (float dtypes) or exactly (integer dtypes), then cast.
+    Length and values follow PyTorch: ``ceil((end - start) / step)`` elements computed in double
+    precision, each ``start + i * step`` computed in double for floating dtypes and in integers for
+    integer dtypes (float arguments truncated, as PyTorch does), then cast to ``dtype``.
 
     Example:
         >>> arange(4)
@@ -216,31 +312,56 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: DType | None = 
     """
     if end is None:
         start, end = 0, start
-    for name, v in (("start", start), ("end", end), ("step", step)):
-        if isinstance(v, Tensor):
-            v = v.item()
-        if isinstance(v, complex) or not isinstance(v, numbers.Real):
-            msg = f"arange(): argument '{name}' must be a real number; got {v!r} ({type(v).__name__})."
-            raise TypeError(msg)
-        if isinstance(v, builtins.float) and not math.isfinite(v):
-            msg = f"arange(): unsupported range: {start} -> {end}; start and end must be finite."
-            raise RuntimeError(msg)
-    if step == 0:
-        msg = "arange(): step must be nonzero"
-        raise RuntimeError(msg)
-    if (end - start) * step < 0 and end != start:
-        msg = "arange(): upper bound and larger bound inconsistent with step sign"
-        raise RuntimeError(msg)
-    is_float = any(isinstance(v, builtins.float) or not isinstance(v, numbers.Integral) for v in (start, end, step))
+    start, end, step = (_arange_scalar(v, name) for name, v in (("start", start), ("end", end), ("step", step)))
+    # PyTorch validates in double precision, in this order (RangeUtils.h arange_check_bounds).
+    dstart, dend, dstep = builtins.float(start), builtins.float(end), builtins.float(step)
+    if not (dstep > 0 or dstep < 0):
+        msg = f"arange(): step must be nonzero; got step={step!r}."
+        raise ValueError(msg)
+    if not (math.isfinite(dstart) and math.isfinite(dend)):
+        msg = f"arange(): unsupported range: {start} -> {end}; start and end must be finite."
+        raise ValueError(msg)
+    if not ((dstep > 0 and dend >= dstart) or (dstep < 0 and dend <= dstart)):
+        msg = (f"arange(): upper bound and lower bound inconsistent with step sign; got start={start!r}, "
+               f"end={end!r}, step={step!r}. Swap start and end or negate step.")
+        raise ValueError(msg)
+    is_float = any(not isinstance(v, numbers.Integral) for v in (start, end, step))
     dt = as_dtype(dtype, "arange") if dtype is not None else (_dtype.float32 if is_float else _dtype.int64)
-    if is_float or dt.kind in "fc":
+    values = _arange_values(start, end, step, dt)
+    dev = _result_device(device, "arange")
+    return _grad(_from_bytes(_codec.pack(dt, values), (len(values),), dt, dev), requires_grad, "arange")
+
+
+def _arange_scalar(value: Any, name: str) -> Any:
+    """A real Python number from an ``arange`` argument (one-element tensors are unwrapped)."""
+    if isinstance(value, Tensor):
+        value = value.item()
+    if isinstance(value, complex) or not isinstance(value, numbers.Real):
+        msg = f"arange(): argument '{name}' must be a real number; got {value!r} ({type(value).__name__})."
+        raise TypeError(msg)
+    return value
+
+
+def _arange_values(start: Any, end: Any, step: Any, dtype: DType) -> list[Any]:
+    """PyTorch's ``arange`` values for ``dtype`` (``compute_arange_size`` and the CPU kernel).
+
+    The length is ``ceil((end - start) / step)`` in double, except for int64, where start, end and
+    step are first truncated to integers. Values are ``start + i * step`` in the accumulate type:
+    double for floating dtypes, int64 (truncated start and step) for integer dtypes.
+    """
+    if dtype.kind in "fc":
         length = math.ceil((builtins.float(end) - builtins.float(start)) / builtins.float(step))
         s, d = builtins.float(start), builtins.float(step)
-        values: list[Any] = [s + i * d for i in range(max(length, 0))]
-    else:
-        values = list(range(int(start), int(end), int(step)))
-    dev = _result_device(device, "arange")
-    return _grad(_from_bytes(_codec.pack(dt, values), (len(values),), dt, dev), requires_grad)
+        return [s + i * d for i in range(length)]
+    istart, istep = int(start), int(step)
+    if dtype is _dtype.int64:
+        iend = int(end)
+        if istep == 0:
+            msg = f"arange(): step must be nonzero; got step={step!r}, which is 0 as an int64."
+            raise ValueError(msg)
+        return list(range(istart, iend, istep))
+    length = math.ceil((builtins.float(end) - builtins.float(start)) / builtins.float(step))
+    return [istart + i * istep for i in range(length)]
 
 
 from . import _convert  # noqa: E402  (asarray dispatcher; it imports tensor from here)

@@ -84,23 +84,26 @@ class Device:
         name, sep, idx = type.partition(":")
         if sep:
             if index is not None:
-                msg = f"device(): type {type!r} already has an index; got index={index!r} too. Pass one of them."
+                msg = (f"device(): type (string) must not include an index because index was passed "
+                       f"explicitly: {type}; got index={index!r} too. Pass one of them.")
                 raise ValueError(msg)
-            if not idx.isdigit():
-                msg = f"device(): invalid device string {type!r}; expected 'type' or 'type:index' like 'cuda:0'."
+            # ASCII digits without a leading zero, as PyTorch's parser ("cuda:01" is invalid there).
+            if not (idx.isascii() and idx.isdigit()) or (len(idx) > 1 and idx[0] == "0"):
+                msg = (f"device(): Invalid device string: {type!r}; expected 'type' or 'type:index' like "
+                       f"'cuda:0'.")
                 raise ValueError(msg)
             index = int(idx)
         name = _ALIASES.get(name, name)
         if name not in _TYPE_OF:
-            msg = (f"device(): unknown device type {type!r}; expected one of "
-                   f"{', '.join(sorted(_TYPE_OF))}.")
+            msg = (f"device(): Expected one of {', '.join(sorted(_TYPE_OF))} device type at start of device "
+                   f"string: {type}")
             raise ValueError(msg)
         if index is not None:
             if isinstance(index, bool) or not isinstance(index, int):
                 msg = f"device(): index must be an int; got {index!r}."
                 raise TypeError(msg)
             if index < 0:
-                msg = f"device(): index must be non-negative; got {index!r}."
+                msg = f"device(): Device index must not be negative; got {index!r}."
                 raise ValueError(msg)
         self = super().__new__(cls)
         object.__setattr__(self, "_type", name)
@@ -148,17 +151,16 @@ class Device:
         return cls(_NAME_OF[code], device_id if device_id >= 0 else None)
 
     def __eq__(self, other: object) -> bool:
+        # A device also equals its canonical string ("cuda:1"), and hashes as that string, so that
+        # equal objects hash equal (an alias such as "mps" is not the canonical "metal").
         if isinstance(other, str):
-            try:
-                other = Device(other)
-            except (TypeError, ValueError):
-                return False
+            return str(self) == other
         if not isinstance(other, Device):
             return NotImplemented
         return self._type == other._type and self._index == other._index
 
     def __hash__(self) -> int:
-        return hash((self._type, self._index))
+        return hash(str(self))
 
     def __repr__(self) -> str:
         if self._index is None:
@@ -186,7 +188,7 @@ def as_device(value: object, api: str) -> Device:
         return value
     if isinstance(value, str):
         return Device(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool):  # negative: Device raises ValueError
         return Device("cuda", value)
     msg = (f"{api}(): device must be a tensorbridge.device or a string like 'cpu' or 'cuda:0'; "
            f"got {value!r} ({type(value).__name__}).")

@@ -34,13 +34,13 @@ class BasicView:
     advanced: tuple[Advanced, ...]
 
 
-def _index_array(item: Any) -> tuple[list[Any], tuple[int, ...], str] | None:
+def _index_array(item: Any, api: str) -> tuple[list[Any], tuple[int, ...], str] | None:
     """Flatten an index array (a Tensor, a list, anything with ``tolist``) to (values, shape, kind)."""
     from ._tensor import Tensor  # local: _tensor imports this module
 
     if isinstance(item, Tensor):
         if item.dtype.kind not in "biu":
-            msg = (f"__getitem__(): tensors used as indices must be long, int, byte or bool tensors; "
+            msg = (f"{api}(): tensors used as indices must be long, int, byte or bool tensors; "
                    f"got a tensor of dtype {item.dtype}.")
             raise IndexError(msg)
         flat = item.reshape(-1).tolist()
@@ -51,15 +51,17 @@ def _index_array(item: Any) -> tuple[list[Any], tuple[int, ...], str] | None:
         try:
             t = tensor(item.tolist() if hasattr(item, "tolist") else item)
         except (TypeError, ValueError) as exc:
-            msg = f"__getitem__(): invalid index {item!r}; index lists must hold ints or bools."
+            msg = f"{api}(): invalid index {item!r}; index lists must hold ints or bools."
             raise IndexError(msg) from exc
         if t.numel() == 0 and t.dtype.kind == "f":
             return [], tuple(t.shape), "i"  # [] indexes nothing, as in PyTorch
-        return _index_array(t)
+        return _index_array(t, api)
     return None
 
 
-def parse_index(key: Any, shape: Sequence[int], strides: Sequence[int]) -> BasicView:
+def parse_index(
+    key: Any, shape: Sequence[int], strides: Sequence[int], api: str = "__getitem__"
+) -> BasicView:
     """Apply ``key`` to a layout; advanced entries keep their dim and are returned for the caller."""
     items = key if isinstance(key, tuple) else (key,)
     expanded: list[Any] = []
@@ -69,16 +71,20 @@ def parse_index(key: Any, shape: Sequence[int], strides: Sequence[int]) -> Basic
         elif isinstance(item, SupportsIndex) and not hasattr(item, "shape"):
             expanded.append(operator.index(item))
         else:
-            arr = _index_array(item)
+            arr = _index_array(item, api)
             if arr is None:
                 if isinstance(item, SupportsIndex):  # 0-d integer tensors of foreign libraries
                     expanded.append(operator.index(item))
                     continue
-                msg = (f"__getitem__(): only integers, slices (`:`), ellipsis (`...`), None and long or "
+                msg = (f"{api}(): only integers, slices (`:`), ellipsis (`...`), None and long or "
                        f"byte Variables are valid indices; got {item!r} ({type(item).__name__}).")
                 raise IndexError(msg)
             values, ishape, kind = arr
-            if kind == "b":
+            if not ishape:
+                # A 0-d index tensor acts as the scalar it holds, as in PyTorch: an int selects (a view),
+                # a bool adds a dimension of size 1 or 0.
+                expanded.append(bool(values[0]) if kind == "b" else operator.index(values[0]))
+            elif kind == "b":
                 expanded.append(("mask", values, ishape))
             else:
                 expanded.append(("int", values, ishape))
@@ -89,10 +95,10 @@ def parse_index(key: Any, shape: Sequence[int], strides: Sequence[int]) -> Basic
         if it is not None and it is not Ellipsis and not isinstance(it, bool)
     )
     if sum(1 for it in expanded if it is Ellipsis) > 1:
-        msg = "__getitem__(): an index can only have a single ellipsis ('...')"
+        msg = f"{api}(): an index can only have a single ellipsis ('...')"
         raise IndexError(msg)
     if consumed > len(shape):
-        msg = f"__getitem__(): too many indices for tensor of dimension {len(shape)}"
+        msg = f"{api}(): too many indices for tensor of dimension {len(shape)}"
         raise IndexError(msg)
 
     offset = 0
@@ -115,21 +121,24 @@ def parse_index(key: Any, shape: Sequence[int], strides: Sequence[int]) -> Basic
         elif isinstance(item, int):
             size = shape[d]
             if not -size <= item < size:
-                msg = f"index {item} is out of bounds for dimension {d} with size {size}"
+                msg = f"{api}(): index {item} is out of bounds for dimension {d} with size {size}"
                 raise IndexError(msg)
             offset += (item % size) * strides[d]
             d += 1
         elif isinstance(item, slice):
-            start, stop, step = _slice_indices(item, shape[d])
+            start, stop, step = _slice_indices(item, shape[d], api)
             length = len(range(start, stop, step))
-            if length:
+            if length or step > 0:
+                # An empty slice moves the offset as PyTorch does (start is then in [0, size]); with a
+                # negative step its start may be -1, so the offset stays.
                 offset += start * strides[d]
             out_shape.append(length)
             out_strides.append(strides[d] * step)
             d += 1
         elif item[0] == "int":
             _, values, ishape = item
-            advanced.append(Advanced(len(out_shape), tuple(_check_bounds(values, shape[d], d)), ishape))
+            checked = tuple(_check_bounds(values, shape[d], d, api))
+            advanced.append(Advanced(len(out_shape), checked, ishape))
             out_shape.append(shape[d])
             out_strides.append(strides[d])
             d += 1
@@ -137,8 +146,8 @@ def parse_index(key: Any, shape: Sequence[int], strides: Sequence[int]) -> Basic
             _, values, mshape = item
             want = tuple(shape[d:d + len(mshape)])
             if mshape != want:
-                msg = (f"The shape of the mask {list(mshape)} at index {d} does not match the shape of "
-                       f"the indexed tensor {list(shape)} at index {d}")
+                msg = (f"{api}(): The shape of the mask {list(mshape)} at index {d} does not match the "
+                       f"shape of the indexed tensor {list(shape)} at index {d}")
                 raise IndexError(msg)
             for k, coords in enumerate(_nonzero(values, mshape)):
                 advanced.append(Advanced(len(out_shape), coords, (len(coords),)))
@@ -152,22 +161,22 @@ def parse_index(key: Any, shape: Sequence[int], strides: Sequence[int]) -> Basic
     return BasicView(offset, tuple(out_shape), tuple(out_strides), tuple(advanced))
 
 
-def _slice_indices(item: slice, size: int) -> tuple[int, int, int]:
+def _slice_indices(item: slice, size: int, api: str) -> tuple[int, int, int]:
     for part in (item.start, item.stop, item.step):
         if part is not None and (isinstance(part, bool) or not isinstance(part, SupportsIndex)):
-            msg = f"__getitem__(): slice indices must be integers or None; got {item!r}."
+            msg = f"{api}(): slice indices must be integers or None; got {item!r}."
             raise TypeError(msg)
     if item.step is not None and operator.index(item.step) == 0:
-        msg = "__getitem__(): slice step cannot be zero"
+        msg = f"{api}(): slice step cannot be zero"
         raise ValueError(msg)
     return item.indices(size)
 
 
-def _check_bounds(values: Sequence[int], size: int, dim: int) -> list[int]:
+def _check_bounds(values: Sequence[int], size: int, dim: int, api: str) -> list[int]:
     out = []
     for v in values:
         if not -size <= v < size:
-            msg = f"index {v} is out of bounds for dimension {dim} with size {size}"
+            msg = f"{api}(): index {v} is out of bounds for dimension {dim} with size {size}"
             raise IndexError(msg)
         out.append(v % size)
     return out

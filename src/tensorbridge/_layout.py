@@ -57,7 +57,7 @@ def as_shape(args: Sequence[Any], api: str) -> tuple[int, ...]:
     for s in shape:
         if s < 0:
             msg = (f"{api}(): Trying to create tensor with negative dimension {s}: {list(shape)}. "
-                   f"Sizes must be non-negative.")
+                   f"Dimension size must be non-negative.")
             raise ValueError(msg)
     if len(shape) > MAX_NDIM:
         msg = f"{api}(): at most {MAX_NDIM} dimensions are supported; got {len(shape)}."
@@ -77,10 +77,10 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """True when the layout is row-major compact; size-1 dims may have any stride, size-0 is contiguous."""
+    if 0 in shape:
+        return True
     expected = 1
     for size, stride in zip(reversed(shape), reversed(strides)):
-        if size == 0:
-            return True
         if size != 1:
             if stride != expected:
                 return False
@@ -102,9 +102,16 @@ def extent(offset: int, shape: Sequence[int], strides: Sequence[int]) -> tuple[i
     return low, high
 
 
-def normalize_dim(dim: object, ndim: int, api: str) -> int:
-    """Wrap a possibly negative dimension index; 0-d tensors accept -1 and 0 as PyTorch does."""
+def normalize_dim(dim: object, ndim: int, api: str, *, scalar_ok: bool = True) -> int:
+    """Wrap a possibly negative dimension index.
+
+    0-d tensors accept -1 and 0 as PyTorch does for shape changes (``transpose``, ``unsqueeze``); pass
+    ``scalar_ok=False`` for operations that need a real dimension (``size(d)``, ``unbind``, ``narrow``).
+    """
     d = _as_int(dim, api, "dim")
+    if ndim == 0 and not scalar_ok:
+        msg = f"{api}(): Dimension specified as {d} but tensor has no dimensions"
+        raise IndexError(msg)
     n = max(ndim, 1)
     if not -n <= d < n:
         msg = f"{api}(): Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})"
@@ -123,16 +130,22 @@ def infer_shape(numel: int, shape: Sequence[int], api: str) -> tuple[int, ...]:
                 raise ValueError(msg)
             infer_at = i
         elif s < 0:
-            msg = f"{api}(): invalid shape dimension {s}; sizes must be non-negative or -1."
+            msg = (f"{api}(): invalid shape dimension {s} at index {i} of shape {list(shape)}; "
+                   f"sizes must be non-negative, or -1 for one inferred dimension.")
             raise ValueError(msg)
         else:
             known *= s
     result = list(shape)
-    if infer_at is not None and known != 0 and numel % known == 0:
-        result[infer_at] = numel // known
-    elif infer_at is not None or known != numel:
+    if infer_at is None and known == numel:
+        return tuple(result)
+    if infer_at is not None and numel == known == 0:
+        msg = (f"{api}(): cannot reshape tensor of 0 elements into shape {list(shape)} because the "
+               f"unspecified dimension size -1 can be any value and is ambiguous. Give every size.")
+        raise ValueError(msg)
+    if infer_at is None or known == 0 or numel % known != 0:
         msg = f"{api}(): shape '{list(shape)}' is invalid for input of size {numel}"
         raise ValueError(msg)
+    result[infer_at] = numel // known
     return tuple(result)
 
 
@@ -144,9 +157,11 @@ def view_strides(
     This is PyTorch's ``computeStride``: walk the old dims from the back in chunks that are contiguous
     among themselves, and carve each chunk into the new dims it must cover exactly.
     """
+    if not shape:
+        return (1,) * len(new_shape)  # a 0-d tensor views as any all-ones shape
     numel = math.prod(shape)
     if numel == 0:
-        return contiguous_strides(new_shape)
+        return tuple(strides) if tuple(shape) == tuple(new_shape) else contiguous_strides(new_shape)
     new_strides = [0] * len(new_shape)
     view_d = len(new_shape) - 1
     chunk_base_stride = strides[-1] if strides else 1

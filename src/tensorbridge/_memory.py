@@ -58,6 +58,9 @@ def copy_region(
     """
     if math.prod(shape) == 0:
         return
+    if any(n > 1 and st == 0 for n, st in zip(shape, dst_strides)):
+        shape, dst_strides, src_offset, src_strides = _last_write_wins(
+            shape, dst_strides, src_offset, src_strides)
     shape, (dst_strides, src_strides) = coalesce(shape, dst_strides, src_strides)
     if not shape:
         shape, dst_strides, src_strides = (1,), (1,), (1,)
@@ -78,6 +81,20 @@ def copy_region(
         else:
             for j in range(k):
                 dw[_run(d0 + j, ds, n)] = sw[_run(s0 + j, ss, n)]
+
+
+def _last_write_wins(
+    shape: Sequence[int], dst_strides: Sequence[int], src_offset: int, src_strides: Sequence[int]
+) -> tuple[list[int], list[int], int, list[int]]:
+    """Drop destination dims of stride 0: each of their elements lands on one location in turn.
+
+    A row-major loop would leave the last one there, so the copy reads only that one (a fill of a
+    broadcast view, or a scatter through an expanded index).
+    """
+    keep = [k for k, (n, st) in enumerate(zip(shape, dst_strides)) if not (n > 1 and st == 0)]
+    src_offset += sum((shape[k] - 1) * src_strides[k] for k in range(len(shape)) if k not in keep)
+    return ([shape[k] for k in keep], [dst_strides[k] for k in keep], src_offset,
+            [src_strides[k] for k in keep])
 
 
 def gather(

@@ -23,7 +23,10 @@ from ._storage import Storage, allocate
 
 __all__ = ["Tensor"]
 
-_GRAD_MSG = "only Tensors of floating point and complex dtype can require gradients"
+# PyTorch words this error three ways, by entry point; each is kept verbatim.
+_GRAD_MSG = "only Tensors of floating point and complex dtype can require gradients"  # t.requires_grad = True
+_GRAD_MSG_METHOD = "only Tensors of floating point dtype can require gradients"  # t.requires_grad_()
+GRAD_MSG_CREATE = "Only Tensors of floating point and complex dtype can require gradients"  # tensor(...)
 
 
 class Tensor:
@@ -86,7 +89,7 @@ class Tensor:
         """The shape, or the size of dimension ``dim``."""
         if dim is None:
             return self._shape
-        return self._shape[_layout.normalize_dim(dim, self.ndim, "size")] if self._shape else 1
+        return self._shape[_layout.normalize_dim(dim, self.ndim, "size", scalar_ok=False)]
 
     @property
     def dtype(self) -> DType:
@@ -129,7 +132,7 @@ class Tensor:
         """Strides in elements, or the stride of dimension ``dim``."""
         if dim is None:
             return self._strides
-        return self._strides[_layout.normalize_dim(dim, self.ndim, "stride")]
+        return self._strides[_layout.normalize_dim(dim, self.ndim, "stride", scalar_ok=False)]
 
     def storage_offset(self) -> int:
         """Offset of the first element from the start of the storage, in elements."""
@@ -165,12 +168,18 @@ class Tensor:
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
-        self.requires_grad_(value)
+        self._set_requires_grad(value, "requires_grad", _GRAD_MSG)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         """Set ``requires_grad`` in place; only floating and complex tensors may require gradients."""
+        return self._set_requires_grad(requires_grad, "requires_grad_", _GRAD_MSG_METHOD)
+
+    def _set_requires_grad(self, requires_grad: bool, api: str, torch_text: str) -> Tensor:
+        # RuntimeError, as PyTorch: the tensor's dtype (its state), not the argument, is at fault.
         if requires_grad and self._dtype.kind not in "fc":
-            raise RuntimeError(_GRAD_MSG)
+            msg = (f"{api}(): {torch_text}; got a tensor of dtype {self._dtype}. Floating point and complex "
+                   f"tensors can; convert first, e.g. to(tensorbridge.float32).")
+            raise RuntimeError(msg)
         self._requires_grad = builtins.bool(requires_grad)
         return self
 
@@ -191,8 +200,9 @@ class Tensor:
         new_shape = _layout.infer_shape(self.numel(), _layout_args(shape, "view"), "view")
         strides = _layout.view_strides(self._shape, self._strides, new_shape)
         if strides is None:
-            msg = ("view size is not compatible with input tensor's size and stride (at least one dimension "
-                   "spans across two contiguous subspaces). Use .reshape(...) instead.")
+            msg = (f"view(): view size is not compatible with input tensor's size and stride (at least one "
+                   f"dimension spans across two contiguous subspaces). Use .reshape(...) instead. Got shape "
+                   f"{list(new_shape)} for sizes {list(self._shape)} and strides {list(self._strides)}.")
             raise RuntimeError(msg)
         return self._view(self._offset, new_shape, strides)
 
@@ -225,10 +235,16 @@ class Tensor:
 
     def permute(self, *dims: Any) -> Tensor:
         """A view with the dimensions reordered."""
-        order = [_layout.normalize_dim(d, self.ndim, "permute") for d in _layout_args(dims, "permute")]
-        if sorted(order) != list(range(self.ndim)):
-            msg = (f"permute(): dims must be a permutation of 0..{self.ndim - 1}; got {list(dims)}. "
-                   f"Each dimension must appear exactly once.")
+        given = _layout_args(dims, "permute")
+        if len(given) != self.ndim:
+            msg = (f"permute(): number of dimensions in the tensor input does not match the length of the "
+                   f"desired ordering of dimensions i.e. input.dim() = {self.ndim} is not equal to "
+                   f"len(dims) = {len(given)}. Name every dimension once.")
+            raise ValueError(msg)
+        order = [_layout.normalize_dim(d, self.ndim, "permute") for d in given]
+        if len(set(order)) != len(order):
+            msg = (f"permute(): duplicate dims are not allowed. Got dims {list(given)}; name each dimension "
+                   f"once.")
             raise ValueError(msg)
         return self._view(self._offset, [self._shape[d] for d in order], [self._strides[d] for d in order])
 
@@ -286,18 +302,28 @@ class Tensor:
 
     def narrow(self, dim: int, start: int, length: int) -> Tensor:
         """A view of ``length`` elements of dimension ``dim`` from ``start``."""
+        if self.ndim == 0:
+            msg = "narrow() cannot be applied to a 0-dim tensor. Call unsqueeze(0) first."
+            raise RuntimeError(msg)
+        start, length = _layout_args((start, length), "narrow")
+        if length < 0:
+            msg = f"narrow(): length must be non-negative. Got length={length}."
+            raise ValueError(msg)
         d = _layout.normalize_dim(dim, self.ndim, "narrow")
         size = self._shape[d]
         if not -size <= start <= size:
-            msg = f"start out of range (expected to be in range of [{-size}, {size}], but got {start})"
+            msg = (f"narrow(): start out of range (expected to be in range of [{-size}, {size}], but got "
+                   f"{start})")
             raise IndexError(msg)
-        start %= max(size, 1) if start < 0 else size + 1
-        if length < 0 or start + length > size:
-            msg = f"start ({start}) + length ({length}) exceeds dimension size ({size})."
-            raise RuntimeError(msg)
+        if start < 0:
+            start += size
+        if start + length > size:
+            msg = (f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({size}). "
+                   f"Choose a start and length inside dimension {d}.")
+            raise ValueError(msg)
         shape = list(self._shape)
         shape[d] = length
-        return self._view(self._offset + start * self._strides[d] * (length > 0), shape, self._strides)
+        return self._view(self._offset + start * self._strides[d], shape, self._strides)
 
     def expand(self, *sizes: Any) -> Tensor:
         """A broadcast view: size-1 dims repeat with stride 0, new leading dims are added."""
@@ -312,7 +338,7 @@ class Tensor:
 
     def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
         """Views of each slice along ``dim``."""
-        d = _layout.normalize_dim(dim, self.ndim, "unbind")
+        d = _layout.normalize_dim(dim, self.ndim, "unbind", scalar_ok=False)
         shape = self._shape[:d] + self._shape[d + 1:]
         strides = self._strides[:d] + self._strides[d + 1:]
         return tuple(self._view(self._offset + i * self._strides[d], shape, strides) for i in range(self._shape[d]))
@@ -356,13 +382,16 @@ class Tensor:
     def item(self) -> Any:
         """The single element as a Python scalar."""
         if self.numel() != 1:
-            msg = f"a Tensor with {self.numel()} elements cannot be converted to Scalar"
+            msg = (f"item(): a Tensor with {self.numel()} elements cannot be converted to Scalar. "
+                   f"Index one element first.")
             raise RuntimeError(msg)
         return self._values("item")[0]
 
     def __bool__(self) -> bool:
         if self.numel() != 1:
-            msg = f"Boolean value of Tensor with {'more than one value' if self.numel() else 'no values'} is ambiguous"
+            amount = "more than one value" if self.numel() else "no values"
+            msg = (f"__bool__(): Boolean value of Tensor with {amount} is ambiguous; got {self.numel()} "
+                   f"elements. Test one element, or compare tolist().")
             raise RuntimeError(msg)
         return builtins.bool(self.item())
 
@@ -377,25 +406,27 @@ class Tensor:
 
     def __index__(self) -> int:
         if self._dtype.kind not in "iub" or self.numel() != 1:
-            msg = "only integer tensors of a single element can be converted to an index"
+            msg = (f"__index__(): only integer tensors of a single element can be converted to an index; "
+                   f"got {self.numel()} element(s) of dtype {self._dtype}.")
             raise TypeError(msg)
         return int(self.item())
 
     def _scalar(self, api: str) -> Any:
         if self.numel() != 1:
-            msg = f"{api}(): only one element tensors can be converted to Python scalars; got {self.numel()} elements."
-            raise TypeError(msg)
+            msg = (f"{api}(): only one element tensors can be converted to Python scalars; got "
+                   f"{self.numel()} elements. Index one element first.")
+            raise ValueError(msg)
         return self.item()
 
     def __len__(self) -> int:
         if not self._shape:
-            msg = "len() of a 0-d tensor"
+            msg = "len() of a 0-d tensor; it has no first dimension. Use item() for its value."
             raise TypeError(msg)
         return self._shape[0]
 
     def __iter__(self) -> Iterator[Tensor]:
         if not self._shape:
-            msg = "iteration over a 0-d tensor"
+            msg = "iteration over a 0-d tensor; it has no first dimension. Use item() for its value."
             raise TypeError(msg)
         return iter(self.unbind(0))
 
@@ -408,13 +439,14 @@ class Tensor:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._check_writable("__setitem__")
-        basic = parse_index(key, self._shape, self._strides)
+        basic = parse_index(key, self._shape, self._strides, "__setitem__")
         view = self._view(self._offset + basic.offset, basic.shape, basic.strides)
         if not basic.advanced:
             view._assign(value, "__setitem__")
             return
-        blocks, out_shape, post_shape, post_strides = view._advanced_blocks(basic.advanced)
-        source = _as_source(value, self._dtype, "__setitem__").expand(out_shape).contiguous()
+        blocks, out_shape, post_shape, post_strides = view._advanced_blocks(basic.advanced, "__setitem__")
+        source = _as_source(value, self._dtype, "__setitem__")
+        source = _expand_source(source, out_shape, "__setitem__").to(self._dtype)
         data = memoryview(source._bytes("__setitem__"))
         mv = self._storage.host_view("__setitem__")
         block_bytes = math.prod(post_shape) * self._dtype.itemsize
@@ -423,7 +455,7 @@ class Tensor:
                             data[i * block_bytes:(i + 1) * block_bytes])
 
     def _advanced_blocks(
-        self, advanced: Sequence[Advanced]
+        self, advanced: Sequence[Advanced], api: str
     ) -> tuple[list[int], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """Element offsets of each copied block, the result shape, and the block layout.
 
@@ -431,7 +463,12 @@ class Tensor:
         place; otherwise it goes first.
         """
         shapes = [a.shape for a in advanced]
-        bshape = _layout.broadcast_shapes(*shapes, api="__getitem__")
+        try:
+            bshape = _layout.broadcast_shapes(*shapes, api=api)
+        except ValueError:
+            msg = (f"{api}(): shape mismatch: indexing tensors could not be broadcast together with shapes "
+                   f"{', '.join(str(list(s)) for s in shapes)}. Give the index tensors broadcastable shapes.")
+            raise IndexError(msg) from None
         index_lists = [_broadcast_values(a.values, a.shape, bshape) for a in advanced]
         adv_dims = [a.dim for a in advanced]
         rest = [d for d in range(self.ndim) if d not in adv_dims]
@@ -453,7 +490,7 @@ class Tensor:
         return blocks, out_shape, tuple(self._shape[d] for d in post), tuple(self._strides[d] for d in post)
 
     def _gather_advanced(self, advanced: Sequence[Advanced]) -> Tensor:
-        blocks, out_shape, post_shape, post_strides = self._advanced_blocks(advanced)
+        blocks, out_shape, post_shape, post_strides = self._advanced_blocks(advanced, "__getitem__")
         mv = self._storage.host_view("__getitem__")
         itemsize = self._dtype.itemsize
         out = bytearray()
@@ -469,9 +506,12 @@ class Tensor:
             self._copy_from(_as_source(value, self._dtype, api), api)
 
     def _fill(self, value: Any, api: str) -> None:
+        _codec.check_scalar(self._dtype, value, api, numel=self.numel())
+        self._fill_element(_codec.pack(self._dtype, [value]), api)
+
+    def _fill_element(self, element: bytes, api: str) -> None:
+        """Write one packed element to every position (stride-0 source)."""
         self._check_writable(api)
-        _codec.check_scalar(self._dtype, value, api)
-        element = _codec.pack(self._dtype, [value])
         mv, offset, strides, shape, itemsize = self._region(api)
         _memory.copy_region(mv, offset, strides, memoryview(element), 0, (0,) * len(shape), shape, itemsize)
 
@@ -487,22 +527,27 @@ class Tensor:
         return self
 
     def zero_(self) -> Tensor:
-        """Set every element to zero."""
-        return self.fill_(0)
+        """Set every element to all-zero bytes, as PyTorch's ``zero_`` (a memset: it works for every dtype)."""
+        self._fill_element(bytes(self._dtype.itemsize), "zero_")
+        return self
 
     def copy_(self, src: Any, non_blocking: bool = False) -> Tensor:
         """Copy ``src`` (broadcast to this shape, converted to this dtype) into this tensor's memory."""
-        self._copy_from(_as_source(src, self._dtype, "copy_"), "copy_")
+        self._check_writable("copy_")
+        source = _as_source(src, self._dtype, "copy_")
+        _check_copy_shapes(self._shape, source._shape)
+        self._copy_from(source, "copy_")
         return self
 
     def _copy_from(self, src: Tensor, api: str) -> None:
         self._check_writable(api)
-        try:
-            src = src.expand(self._shape)
-        except ValueError:
-            msg = (f"{api}(): the source of shape {list(src.shape)} cannot be broadcast to the destination "
-                   f"shape {list(self._shape)}.")
-            raise RuntimeError(msg) from None
+        if self.numel() > 1 and any(n > 1 and st == 0 for n, st in zip(self._shape, self._strides)):
+            # PyTorch's check (at::assert_no_internal_overlap): which source element would win is
+            # arbitrary. A fill writes one value everywhere, so fill_ stays allowed, as in PyTorch.
+            msg = (f"{api}(): unsupported operation: more than one element of the written-to tensor refers "
+                   f"to a single memory location. Please clone() the tensor before performing the operation.")
+            raise RuntimeError(msg)
+        src = _expand_source(src, self._shape, api)
         dst_mv = self._storage.host_view(api)
         itemsize = self._dtype.itemsize
         if src._dtype is not self._dtype:
@@ -622,16 +667,18 @@ def check_bounds(
     storage: Storage, offset: int, shape: Sequence[int], strides: Sequence[int], itemsize: int, api: str
 ) -> None:
     """Raise unless every element of the layout lies inside ``storage`` (computed with Python ints)."""
+    if offset < 0:
+        msg = f"{api}(): invalid storage offset {offset}; the storage offset must be non-negative."
+        raise ValueError(msg)
     span = _layout.extent(offset, shape, strides)
     if span is None:
-        if offset < 0:
-            msg = f"{api}(): storage offset must be non-negative; got {offset}."
-            raise ValueError(msg)
         return
     low, high = span
     if low < 0 or (high + 1) * itemsize > storage.nbytes:
+        # PyTorch's setStorage text, extended: it checks only the high end (it has no negative strides).
         msg = (f"{api}(): sizes {list(shape)}, strides {list(strides)}, storage offset {offset}, and itemsize "
-               f"{itemsize} reach elements [{low}, {high}], outside the storage of {storage.nbytes} bytes. "
+               f"{itemsize} requiring a storage size of {(high + 1) * itemsize} are out of bounds for storage "
+               f"of size {storage.nbytes}: the layout reaches elements [{low}, {high}], outside the storage. "
                f"Choose a layout that stays inside the tensor's memory.")
         raise ValueError(msg)
 
@@ -675,6 +722,39 @@ def _broadcast_values(values: Sequence[int], shape: tuple[int, ...], target: tup
         values[sum(i * s for i, s in zip(idx, strides))]
         for idx in itertools.product(*(range(n) for n in target))
     ]
+
+
+def _expand_source(src: Tensor, shape: Sequence[int], api: str) -> Tensor:
+    """``src`` broadcast to ``shape`` (a view); leading size-1 dims beyond ``shape`` are dropped first.
+
+    NumPy and PyTorch both accept ``t[...] = value`` with a value of shape ``(1, n)`` for a target of
+    shape ``(n,)``; a mismatch raises `expand`'s message (PyTorch's text for ``__setitem__``).
+    """
+    lead = 0
+    while src.ndim - lead > len(shape) and src._shape[lead] == 1:
+        lead += 1
+    src_shape, src_strides = src._shape[lead:], src._strides[lead:]
+    strides = _layout.expand_strides(src_shape, src_strides, shape, api)
+    return Tensor._make(src._storage, src._offset, tuple(shape), strides, src._dtype)
+
+
+def _check_copy_shapes(dst: Sequence[int], src: Sequence[int]) -> None:
+    """``copy_``'s broadcast rule, with PyTorch's messages: ``src`` must broadcast to exactly ``dst``."""
+    ndim = max(len(dst), len(src))
+    out = []
+    for i in range(ndim - 1, -1, -1):
+        a = dst[i - ndim + len(dst)] if i >= ndim - len(dst) else 1
+        b = src[i - ndim + len(src)] if i >= ndim - len(src) else 1
+        if a != b and 1 not in (a, b):
+            msg = (f"copy_(): The size of tensor a ({a}) must match the size of tensor b ({b}) at "
+                   f"non-singleton dimension {i}; got destination shape {list(dst)} and source shape "
+                   f"{list(src)}. Give the source a shape that broadcasts to the destination.")
+            raise ValueError(msg)
+        out.append(b if a == 1 else a)
+    if tuple(reversed(out)) != tuple(dst):
+        msg = (f"copy_(): output with shape {list(dst)} doesn't match the broadcast shape "
+               f"{list(reversed(out))}. Give the source a shape that broadcasts to the destination.")
+        raise ValueError(msg)
 
 
 def _overlaps(a: Tensor, b: Tensor) -> bool:
