@@ -64,8 +64,9 @@ from ._file import from_file
 __all__ += ["from_file", "frombuffer"]
 
 from ._convert import asarray, from_pointer
+from ._interfaces import to_torch
 
-__all__ += ["asarray", "from_pointer"]
+__all__ += ["asarray", "from_pointer", "to_torch"]
 
 from . import utils
 

@@ -40,6 +40,8 @@ class Size(tuple[int, ...]):
 
 
 def _as_int(value: object, api: str, what: str) -> int:
+    if type(value) is int:  # the common case, without the slow SupportsIndex protocol check
+        return value
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         msg = f"{api}(): {what} must be an int; got {value!r} ({type(value).__name__})."
         raise TypeError(msg)

@@ -109,17 +109,22 @@ def allocate(nbytes: int, device: Device = CPU) -> Storage:
 class _HeldBuffer:
     """A buffer export held open for the owner's lifetime (``PyObject_GetBuffer`` ... ``PyBuffer_Release``)."""
 
-    __slots__ = ("obj", "view")
+    __slots__ = ("view",)
 
     def __init__(self, obj: object, flags: int) -> None:
         self.view = _capi.Py_buffer()
-        _capi.PyObject_GetBuffer(obj, ctypes.byref(self.view), flags)
-        self.obj = obj  # strong reference; the Py_buffer also holds one in view.obj
+        # The Py_buffer holds the one strong reference to the exporter (view.obj) until released.
+        _capi.PyObject_GetBuffer(obj, self.view, flags)
+
+    @property
+    def obj(self) -> object:
+        """The exporting object, or None once the buffer is released."""
+        return ctypes.cast(self.view.obj, ctypes.py_object).value if self.view.obj else None
 
     def __del__(self) -> None:
         if _is_finalizing() or not self.view.obj:
             return  # leak rather than run C-API calls during shutdown
-        _capi.PyBuffer_Release(ctypes.byref(self.view))
+        _capi.PyBuffer_Release(self.view)
 
 
 def hold_buffer(obj: object, flags: int) -> tuple[_HeldBuffer, _capi.Py_buffer]:

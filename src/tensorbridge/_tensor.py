@@ -551,7 +551,7 @@ class Tensor:
         dst_mv = self._storage.host_view(api)
         itemsize = self._dtype.itemsize
         if src._dtype is not self._dtype:
-            data = _codec.pack(self._dtype, src._values(api))
+            data = _cast(src, self._dtype, api)
             _memory.scatter(dst_mv, self._offset, self._strides, self._shape, itemsize, data)
         elif _overlaps(self, src):
             _memory.scatter(dst_mv, self._offset, self._strides, self._shape, itemsize, src._bytes(api))
@@ -586,7 +586,7 @@ class Tensor:
             raise BufferError(msg)
         if dtype is self._dtype:
             return _from_bytes(self._bytes("to"), self._shape, dtype, device, self._requires_grad)
-        data = _codec.pack(dtype, self._values("to"))
+        data = _cast(self, dtype, "to")
         return _from_bytes(data, self._shape, dtype, device, self._requires_grad and dtype.kind in "fc")
 
     def type(self, dtype: DType | None = None) -> Any:
@@ -653,9 +653,13 @@ class Tensor:
         """Move the storage into shared memory another process can map; returns ``self``."""
         return _buffer.share_memory(self)
 
-    def torch(self) -> Any:
-        """A ``torch.Tensor`` sharing this memory, keeping ``requires_grad`` (needs PyTorch)."""
-        return _interfaces.to_torch(self)
+    def torch(self, *, force: bool = False) -> Any:
+        """A ``torch.Tensor`` sharing this memory, keeping ``requires_grad`` (needs PyTorch).
+
+        Read-only and negative-stride tensors are refused (PyTorch has no read-only tensors and aborts on
+        negative strides) unless ``force=True``, which hands PyTorch a copy.
+        """
+        return _interfaces.to_torch(self, force=force)
 
     def jax(self) -> Any:
         """A ``jax.Array`` from this memory (needs JAX; JAX may copy unless 64-byte aligned)."""
@@ -755,6 +759,16 @@ def _check_copy_shapes(dst: Sequence[int], src: Sequence[int]) -> None:
         msg = (f"copy_(): output with shape {list(dst)} doesn't match the broadcast shape "
                f"{list(reversed(out))}. Give the source a shape that broadcasts to the destination.")
         raise ValueError(msg)
+
+
+def _cast(src: Tensor, dtype: DType, api: str) -> bytes:
+    """``src``'s elements converted to ``dtype``, packed row-major (the one cast path)."""
+    if _dtype.float4_e2m1fn_x2 in (src.dtype, dtype):
+        # PyTorch has no conversion for packed FP4 either ("copy_" not implemented for 'Float4_e2m1fn_x2').
+        msg = (f"{api}(): cannot convert between {src.dtype} and {dtype}: packed float4_e2m1fn_x2 has no "
+               f"element conversion. Reinterpret the bytes with view(tensorbridge.uint8) instead.")
+        raise NotImplementedError(msg)
+    return _codec.pack(dtype, src._values(api))
 
 
 def _overlaps(a: Tensor, b: Tensor) -> bool:
