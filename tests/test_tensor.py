@@ -463,6 +463,10 @@ def test_extended_floats_match_ml_dtypes(np, layout, dtype, wide):
 def test_to_dtype_round_trips_small_integers(dtype):
     """Every codec dtype holds 1, 2 and 4 exactly and converts them back to int64."""
     t = tb.tensor([1, 2, 4], dtype=tb.int64)
+    if dtype is tb.float4_e2m1fn_x2:
+        with pytest.raises(NotImplementedError, match="float4_e2m1fn_x2"):
+            t.to(dtype)
+        return
     back = t.to(dtype).to(tb.int64)
     want = [1, 1, 1] if dtype is tb.bool else [1, 2, 4]
     assert back.tolist() == want

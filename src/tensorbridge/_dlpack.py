@@ -1,19 +1,963 @@
-"""DLPack import and export (placeholder: replaced by the DLPack implementation)."""
+"""DLPack import (`from_dlpack`) and export (``Tensor.__dlpack__``, `to_dlpack`).
+
+Import follows the array API consumer pattern (dlpack.md §7, §11): ask the producer for the newest
+version tensorbridge understands, accept whichever capsule comes back, validate every field, build
+the tensor, and only then rename the capsule to ``used_*``. The managed tensor then belongs to a
+`_storage` owner that calls the producer's ``deleter`` exactly once, when the last view dies.
+
+Export writes one ctypes block holding the managed struct, the shape and the strides, wraps it in a
+capsule, and keeps the block and the exported tensor in a registry until the consumer calls our
+deleter. The capsule has **no destructor**: a destructor written in Python would run while a
+rejecting consumer's exception is pending and turn it into ``SystemError`` (dlpack.md §12.2). The
+registry is *reaped* instead: by exports and garbage collections once a few capsules are pending,
+by every full collection, and at exit. A capsule renamed ``used_*`` belongs to its consumer; one
+still carrying its own name that nothing but the registry refers to was abandoned, and the reaper
+releases it as its deleter would. The price: an abandoned, never-consumed capsule keeps its tensor
+alive until the next reap rather than until it is collected (at most 16 such capsules, or twice the
+number of capsules a caller keeps, outside full collections). A reap costs about 1 µs per abandoned
+capsule and 0.1 µs per capsule still held; amortised, an export pays well under 1 µs for it.
+
+Deviations from PyTorch (compat.md §2, §3; each one deliberate):
+
+* ``READ_ONLY`` capsules import read-only; read-only tensors are never exported as legacy capsules.
+* Legacy (flagless) capsules import **writable**, as in PyTorch (NumPy makes them read-only).
+* Non-producers, foreign capsules and consumed capsules get three distinct errors (F8).
+* The no-keyword fallback happens only when the producer's signature rejected the keywords (F9).
+* A view with negative strides is exported as a compact copy flagged ``IS_COPIED`` (``copy=None``)
+  or refused (``copy=False``): ``torch.from_dlpack`` aborts the process on negative strides
+  (pytorch/pytorch#188023). Imports keep negative strides as they are.
+* A PyTorch negative-bit view is resolved before import (PyTorch exports it without its sign, F5).
+* Memory that is not host-accessible (CUDA, ROCm, Metal, ...) is carried and re-exported as it is,
+  and never dereferenced on the host.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import atexit
+import ctypes
+import gc
+import inspect
+import struct
+import sys
+import threading
+from typing import Any, Final
 
+from . import _capi
+from ._device import CPU, Device, DLDeviceType
+from ._dlpack_abi import (
+    DLPACK_FLAG_BITMASK_IS_COPIED,
+    DLPACK_FLAG_BITMASK_READ_ONLY,
+    DLPACK_MAJOR_VERSION,
+    DLPACK_MINOR_VERSION,
+    DLTENSOR,
+    DLTENSOR_VERSIONED,
+    USED_DLTENSOR,
+    USED_DLTENSOR_VERSIONED,
+    DLPackDeleter,
+)
+from ._dtype import BY_DLPACK, DType
+from ._storage import Storage, dlpack_owner
 from ._tensor import Tensor
 
+__all__ = ["dlpack_export", "from_dlpack", "to_dlpack"]
 
-def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:
-    raise NotImplementedError
+# The version asked of producers and reported on export.
+_MAX_VERSION: Final = (DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION)
+_MAX_VERSION_ONLY: Final = {"max_version": _MAX_VERSION}
+_MAX_NDIM: Final = 64
+
+_kDLCPU: Final = int(DLDeviceType.kDLCPU)
+_kDLCUDA: Final = int(DLDeviceType.kDLCUDA)
+_kDLROCM: Final = int(DLDeviceType.kDLROCM)
+
+# Device types whose producers get no ``stream`` keyword: memory the host reads directly.
+_HOST_TYPES: Final = frozenset(int(d) for d in (
+    DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost, DLDeviceType.kDLROCMHost,
+    DLDeviceType.kDLCUDAManaged,
+))
+# Devices whose ``data`` is an address in a linear address space, so that ``data + byte_offset``
+# is the first element. Elsewhere (OpenCL ``cl_mem``, Metal ``MTLBuffer``, Vulkan, WebGPU, ...)
+# ``data`` may be an opaque handle: the offset stays in ``byte_offset`` (pytorch/pytorch#168193).
+_ADDRESSABLE: Final = _HOST_TYPES | {_kDLCUDA, _kDLROCM, int(DLDeviceType.kDLOneAPI)}
+_ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
+
+_TORCH_CONSUMED: Final = (
+    "from_dlpack received an invalid capsule. Note that DLTensor capsules can be consumed only "
+    "once, so you might have already constructed a tensor from it once."
+)
+_TORCH_CAPSULE_KWARGS: Final = (
+    "device and copy kwargs not supported when ext_tensor is already a DLPack capsule."
+)
+_TORCH_GRAD: Final = "Can't export tensors that require gradient, use tensor.detach()"
+
+
+class _NotDLPackError(TypeError, AttributeError):
+    """``from_dlpack`` got neither a DLPack producer nor a capsule.
+
+    A `TypeError` by meaning (an argument of the wrong type), and an `AttributeError`, which the
+    array API specifies for an object without ``__dlpack__`` (compat.md F8): catch either.
+    """
+
+
+# -------------------------------------------------------------------------------------------------
+# Reading C structs
+#
+# Producer structs are read with `struct` formats in native layout ('@'), which mirror the C
+# layout of dlpack.h (tests compare them with the ctypes mirrors of _dlpack_abi), straight out of a
+# read-only memoryview spanning the address space: one `unpack_from` per struct, no copy and no
+# ctypes object per call (`ctypes.string_at` + `unpack` costs twice as much on this hot path).
+# Nothing is read without a pointer the producer gave us, exactly as a C consumer would.
+# -------------------------------------------------------------------------------------------------
+
+# DLTensor as read: data, device {type, id}, ndim, dtype as one uint32 word, shape, strides,
+# byte_offset. DLDataType {code, bits, lanes} is 4 bytes; read whole, it is the key of a dict.
+_DLTENSOR_READ: Final = "PiiiIPPQ"
+# DLManagedTensorVersioned: version {major, minor}, manager_ctx, deleter, flags, dl_tensor.
+_VERSIONED: Final = struct.Struct("@IIPPQ" + _DLTENSOR_READ)
+# DLManagedTensor: dl_tensor, manager_ctx, deleter.
+_LEGACY: Final = struct.Struct("@" + _DLTENSOR_READ + "PP")
+# DLTensor as written on export (the dtype spelled out).
+_DLTENSOR_WRITE: Final = "PiiiBBHPPQ"
+
+# The address space as one read-only memoryview, from address 1 (PyMemoryView_FromMemory wants a
+# non-NULL start; NULL pointers are checked before any read). On 64-bit platforms it covers every
+# user-space address; `_read` handles addresses above sys.maxsize on 32-bit ones.
+_MEMORY_BASE: Final = 1
+_MEMORY: Final = _capi.PyMemoryView_FromMemory(
+    _MEMORY_BASE, sys.maxsize - _MEMORY_BASE, _capi.PyBUF_READ
+)
+_MEMORY_COVERS_ALL: Final = sys.maxsize >= 2**63 - 1
+_INT64_ARRAYS: Final = [struct.Struct(f"@{n}q") for n in range(2 * _MAX_NDIM + 1)]
+
+
+def _dtype_word(code: int, bits: int, lanes: int) -> int:
+    word: int = struct.unpack("@I", struct.pack("@BBH", code, bits, lanes))[0]
+    return word
+
+
+_DTYPE_BY_WORD: Final[dict[int, DType]] = {_dtype_word(*k): d for k, d in BY_DLPACK.items()}
+
+
+def _read(fmt: struct.Struct, address: int) -> tuple[Any, ...]:
+    """Unpack ``fmt`` from process memory at ``address``, a pointer the producer gave us."""
+    try:
+        return fmt.unpack_from(_MEMORY, address - _MEMORY_BASE)
+    except (struct.error, OverflowError):  # beyond the view, or beyond Py_ssize_t
+        pass
+    if _MEMORY_COVERS_ALL or address <= 0 or address + fmt.size > _ADDRESS_LIMIT:
+        msg = (f"from_dlpack(): the capsule points outside the address space (0x{address:x}); "
+               f"the producer wrote an invalid capsule.")
+        raise BufferError(msg) from None
+    return fmt.unpack(ctypes.string_at(address, fmt.size))
+
+
+# -------------------------------------------------------------------------------------------------
+# Import
+# -------------------------------------------------------------------------------------------------
+
+_CAPSULE_TYPE_NAME: Final = b"tensorbridge.capsule_type"
+_CAPSULE_TYPE: Final = type(_capi.PyCapsule_New(1, _CAPSULE_TYPE_NAME, None))
+
+# Producer deleters are called through one ctypes function object per address (NumPy and PyTorch
+# each use one deleter for all their tensors); bounded in case a producer makes deleters on the fly.
+_DELETERS: dict[int, Any] = {}
+_DELETERS_MAX: Final = 256
+
+# Producer types with PyTorch's lazy negation bit (torch.Tensor and subclasses), by duck typing.
+_HAS_NEG_BIT: dict[type, bool] = {}
 
 
 def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Tensor:
-    raise NotImplementedError
+    """A tensor sharing the memory of a DLPack producer or capsule, as ``torch.from_dlpack``.
+
+    Args:
+        ext_tensor: an object with ``__dlpack__`` (a NumPy array, a PyTorch tensor, a JAX array, a
+            tensorbridge tensor, ...), or an unconsumed ``"dltensor"``/``"dltensor_versioned"``
+            capsule.
+        device: where the result must live (``"cpu"``, a `Device`); None keeps the producer's
+            device. Another device is asked of the producer (``dl_device``): tensorbridge itself
+            never moves memory between devices.
+        copy: True always copies, False never copies (a request that needs a copy raises), None
+            copies only when needed.
+
+    Returns:
+        A tensor viewing the producer's memory (or a private copy), read-only when the capsule
+        carries ``READ_ONLY``. The memory stays valid while any view of the result lives: the
+        managed tensor's deleter runs exactly once, when the last view dies (on any thread; never
+        during interpreter shutdown, where the memory is leaked instead).
+
+    Raises:
+        TypeError: ``ext_tensor`` is neither a producer nor a capsule (the error is also an
+            `AttributeError`), or a capsule of another kind; ``device``/``copy`` of a wrong type.
+        RuntimeError: the capsule was consumed already.
+        BufferError: the data cannot be represented (dtype, device, major version, layout); the
+            producer's own `BufferError` passes through unchanged. The capsule stays unconsumed.
+        ValueError: ``copy=False`` but the request needs a copy or a move.
+
+    Example:
+        >>> import tensorbridge as tb
+        >>> t = tb.arange(4)
+        >>> t2 = tb.from_dlpack(t)
+        >>> t2[0] = 7
+        >>> t
+        tensor([7, 1, 2, 3])
+    """
+    if device is None and copy is None:
+        cls = type(ext_tensor)
+        if cls is Tensor:
+            return _alias(ext_tensor)
+        capsule = ext_tensor if cls is _CAPSULE_TYPE else _request(ext_tensor, None, None)
+        t, owner, used_name, deleter = _open(capsule)
+        # _commit, inlined on the hot path: rename, then arm the owner.
+        _capi.PyCapsule_SetName(capsule, used_name)
+        if deleter:
+            owner.deleter = _DELETERS.get(deleter) or _deleter_function(deleter)
+        return t
+    return _from_dlpack_with(ext_tensor, _as_target(device), _as_copy(copy, "from_dlpack"))
 
 
-def to_dlpack(tensor: Tensor) -> Any:
-    raise NotImplementedError
+def _alias(t: Tensor) -> Tensor:
+    """A tensorbridge tensor: a new view of its memory, what a capsule round trip would give."""
+    if t._requires_grad:
+        msg = f"from_dlpack(): {_TORCH_GRAD}."
+        raise BufferError(msg)
+    return Tensor._make(t._storage, t._offset, t._shape, t._strides, t._dtype)
+
+
+def _not_a_producer(obj: Any) -> _NotDLPackError:
+    msg = (f"from_dlpack(): expected an object with a __dlpack__ method or a DLPack capsule; got "
+           f"an object of type {type(obj).__name__}. Pass a tensor or array of a DLPack-aware "
+           f"library (NumPy, PyTorch, JAX, CuPy, ...) or a capsule made by its to_dlpack().")
+    return _NotDLPackError(msg)
+
+
+def _as_target(device: Any) -> Device | None:
+    if device is None or isinstance(device, Device):
+        return device
+    if isinstance(device, str):
+        return Device(device)  # ValueError for an unknown name, as the array API expects
+    msg = (f"from_dlpack(): device must be a string like 'cpu' or a tensorbridge.device; got "
+           f"{device!r} ({type(device).__name__}).")
+    raise TypeError(msg)
+
+
+def _as_copy(copy: Any, api: str) -> bool | None:
+    if copy is None or isinstance(copy, bool):
+        return copy
+    msg = f"{api}(): copy must be True, False or None; got {copy!r} ({type(copy).__name__})."
+    raise TypeError(msg)
+
+
+def _request(obj: Any, target: Device | None, copy: bool | None) -> Any:
+    """Call ``obj.__dlpack__`` as a current consumer does (dlpack.md §7); return the capsule.
+
+    Asks for ``max_version=(1, 3)``, plus ``dl_device``/``copy`` when requested. tensorbridge has no
+    stream of its own: for CUDA/ROCm data it passes the legacy default stream explicitly (CUDA 1,
+    ROCm 0; dlpack.md §5), so the producer makes the data ready there; on re-export, consumer
+    streams are ordered after that stream. CPU producers get no ``stream`` (NumPy refuses any). A
+    producer whose signature rejects the keywords (before the 2023.12 array API) is called again
+    without them, but only when no ``device``/``copy`` request would be lost (compat.md F9).
+    """
+    export = getattr(obj, "__dlpack__", None)
+    if export is None:
+        raise _not_a_producer(obj)
+    has_neg_bit = _HAS_NEG_BIT.get(type(obj))
+    if has_neg_bit is None:
+        has_neg_bit = hasattr(obj, "is_neg") and hasattr(obj, "resolve_neg")
+        _HAS_NEG_BIT[type(obj)] = has_neg_bit
+    if has_neg_bit and obj.is_neg():
+        obj = _resolve_neg(obj, copy)
+        export = obj.__dlpack__
+    device_fn = getattr(obj, "__dlpack_device__", None)
+    source = None if device_fn is None else device_fn()
+    try:
+        if target is None and copy is None and (source is None or source[0] in _HOST_TYPES):
+            kwargs: dict[str, Any] = _MAX_VERSION_ONLY
+            capsule = export(max_version=_MAX_VERSION)  # the common case: nothing else to ask
+        else:
+            kwargs = _request_kwargs(source, target, copy)
+            capsule = export(**kwargs)
+    except TypeError as exc:
+        if target is not None or copy is not None or not _rejects_keywords(export, exc, kwargs):
+            raise
+        capsule = export()  # a failure here keeps the first TypeError as its context
+    if type(capsule) is not _CAPSULE_TYPE:
+        msg = (f"from_dlpack(): {type(obj).__name__}.__dlpack__() returned an object of type "
+               f"{type(capsule).__name__}, not a DLPack capsule. The producer is broken.")
+        raise TypeError(msg)
+    return capsule
+
+
+def _request_kwargs(
+    source: tuple[int, int] | None, target: Device | None, copy: bool | None
+) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"max_version": _MAX_VERSION}
+    # A copy to the host is synchronised by the producer and takes no stream (dlpack.md §5).
+    to_host = target is not None and target.dlpack_type == DLDeviceType.kDLCPU
+    if source is not None and not to_host:
+        if source[0] == _kDLCUDA:
+            kwargs["stream"] = 1
+        elif source[0] == _kDLROCM:
+            kwargs["stream"] = 0
+    if target is not None:
+        wanted = target.to_dlpack()
+        if copy is False and source is not None and _needs_move(source, target):
+            raise _move_refused(source, wanted)
+        kwargs["dl_device"] = (int(wanted[0]), wanted[1])
+    if copy is not None:
+        kwargs["copy"] = copy
+    return kwargs
+
+
+def _resolve_neg(obj: Any, copy: bool | None) -> Any:
+    """PyTorch exports a negative-bit view without its sign (compat.md F5): resolve it first."""
+    if copy is False:
+        msg = ("from_dlpack(): the PyTorch tensor is a negative-bit view (is_neg()); its values "
+               "exist only after resolve_neg(), a copy, which copy=False forbids. Use copy=None or "
+               "pass tensor.resolve_neg().")
+        raise ValueError(msg)
+    return obj.resolve_neg()
+
+
+def _rejects_keywords(export: Any, exc: TypeError, kwargs: dict[str, Any]) -> bool:
+    """True when ``exc`` says the producer's signature does not take ``kwargs``."""
+    if "keyword" not in str(exc):
+        return False
+    try:
+        params = inspect.signature(export).parameters
+    except (TypeError, ValueError):
+        return True  # a builtin without a signature: the message is all there is
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return False
+    return any(name not in params for name in kwargs)
+
+
+def _open(capsule: Any) -> tuple[Tensor, Any, bytes, int]:
+    """Read and validate a capsule without consuming it.
+
+    Returns the tensor, its owner (not yet armed), the ``used_*`` name and the deleter address. On
+    any error the capsule is left as it was, so its destructor still frees the producer's memory.
+    """
+    if type(capsule) is not _CAPSULE_TYPE:
+        raise _not_a_producer(capsule)
+    try:
+        managed = _capi.PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED)
+    except ValueError:
+        managed = _legacy_pointer(capsule)
+        fields = _read(_LEGACY, managed)
+        # A legacy capsule cannot say read-only: like PyTorch, tensorbridge imports it writable.
+        t, owner = _tensor(managed, fields[:8], False, False)
+        return t, owner, USED_DLTENSOR, fields[9]
+    try:
+        fields = _VERSIONED.unpack_from(_MEMORY, managed - _MEMORY_BASE)
+    except (struct.error, OverflowError):
+        fields = _read(_VERSIONED, managed)
+    major, minor, _ctx, deleter, flags = fields[:5]
+    if major != DLPACK_MAJOR_VERSION:
+        # Read nothing else; the unrenamed capsule's destructor calls the deleter (dlpack.md §4).
+        msg = (f"from_dlpack(): the capsule holds a DLPack {major}.{minor} tensor; tensorbridge "
+               f"reads major version {DLPACK_MAJOR_VERSION} only. Upgrade tensorbridge or ask the "
+               f"producer for max_version={_MAX_VERSION}.")
+        raise BufferError(msg)
+    t, owner = _tensor(managed, fields[5:], flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0,
+                       flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0)
+    return t, owner, USED_DLTENSOR_VERSIONED, deleter
+
+
+def _commit(capsule: Any, owner: Any, used_name: bytes, deleter: int) -> None:
+    """Take ownership: rename the capsule, then arm the owner.
+
+    Nothing that can fail comes after the rename, so the deleter runs exactly once: by the capsule's
+    destructor if this never happens, by the owner otherwise (dlpack.md §10.2).
+    """
+    _capi.PyCapsule_SetName(capsule, used_name)
+    if deleter:
+        owner.deleter = _DELETERS.get(deleter) or _deleter_function(deleter)
+
+
+def _deleter_function(address: int) -> Any:
+    if len(_DELETERS) >= _DELETERS_MAX:
+        _DELETERS.clear()
+    fn = _DELETERS[address] = DLPackDeleter(address)
+    return fn
+
+
+def _tensor(
+    managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: bool
+) -> tuple[Tensor, Any]:
+    """The tensor a DLTensor describes, over a storage spanning exactly the bytes it reaches.
+
+    Sizes are Python ints, so a layout whose byte extent does not fit the address space is refused
+    rather than wrapped. NULL strides mean row-major: legal before DLPack 1.2 and accepted from any
+    version. Size-0 tensors may have any strides and NULL data (dlpack.md §8).
+    """
+    data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset = dltensor
+    dtype = _DTYPE_BY_WORD.get(dtype_word)
+    if dtype is None:
+        raise _unsupported_dtype(dtype_word)
+    device = CPU if dev_type == _kDLCPU else Device.from_dlpack(dev_type, dev_id)
+    if 0 < ndim <= _MAX_NDIM and strides_p == shape_p + 8 * ndim and shape_p:
+        try:  # adjacent arrays (NumPy, tensorbridge): one read, inline on this hot path
+            both = _INT64_ARRAYS[2 * ndim].unpack_from(_MEMORY, shape_p - _MEMORY_BASE)
+        except (struct.error, OverflowError):
+            both = _read(_INT64_ARRAYS[2 * ndim], shape_p)
+        shape, strides = both[:ndim], both[ndim:]
+    else:
+        shape, strides = _layout(ndim, shape_p, strides_p)
+    owner = dlpack_owner(managed, None)
+    low = high = 0
+    for size, stride in zip(shape, strides):  # noqa: B905 (equal lengths by construction)
+        if size > 1:
+            if stride < 0:
+                low += (size - 1) * stride
+            else:
+                high += (size - 1) * stride
+        elif size == 0:
+            if min(shape) < 0:
+                raise _negative_shape(shape)
+            storage = Storage(data or 0, 0, device, readonly, owner, copied)
+            return Tensor._make(storage, 0, shape, strides, dtype), owner
+        elif size < 0:
+            raise _negative_shape(shape)
+    if not data:
+        msg = (f"from_dlpack(): DLTensor.data is NULL for a non-empty tensor of shape "
+               f"{list(shape)}; the producer wrote an invalid capsule.")
+        raise BufferError(msg)
+    itemsize = dtype.itemsize
+    nbytes = (high - low + 1) * itemsize
+    if dev_type in _ADDRESSABLE:
+        start, offset = data + byte_offset + low * itemsize, -low
+    else:
+        start, offset, nbytes = _handle_extent(data, byte_offset, (low, high), itemsize, device)
+    if start <= 0 or start + nbytes > _ADDRESS_LIMIT or nbytes > sys.maxsize:
+        msg = (f"from_dlpack(): the layout (data=0x{data:x}, byte_offset={byte_offset}, shape="
+               f"{list(shape)}, strides={list(strides)}, itemsize={itemsize}) reaches outside the "
+               f"address space; the producer wrote an invalid capsule.")
+        raise BufferError(msg)
+    storage = Storage(start, nbytes, device, readonly, owner, copied)
+    return Tensor._make(storage, offset, shape, strides, dtype), owner
+
+
+def _layout(
+    ndim: int, shape_p: int, strides_p: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape and strides (in elements) behind the DLTensor's pointers."""
+    if ndim == 0:
+        return (), ()  # shape and strides may be NULL (DLPack 1.3): never read them
+    if not 0 < ndim <= _MAX_NDIM or not shape_p:
+        msg = (f"from_dlpack(): malformed DLTensor: ndim={ndim} (at most {_MAX_NDIM}), shape "
+               f"{'set' if shape_p else 'NULL'}; the producer wrote an invalid capsule.")
+        raise BufferError(msg)
+    shape = _read(_INT64_ARRAYS[ndim], shape_p)
+    return shape, _read(_INT64_ARRAYS[ndim], strides_p) if strides_p else _row_major(shape)
+
+
+def _handle_extent(
+    data: int, byte_offset: int, span: tuple[int, int], itemsize: int, device: Device
+) -> tuple[int, int, int]:
+    """Storage start, element offset and size where ``data`` may be an opaque handle."""
+    low, high = span
+    offset, rest = divmod(byte_offset, itemsize)
+    if rest or offset + low < 0:
+        msg = (f"from_dlpack(): byte_offset {byte_offset} on {device} is not a whole number of "
+               f"{itemsize}-byte elements or reaches before the buffer; tensorbridge cannot "
+               f"express it.")
+        raise BufferError(msg)
+    return data, offset, (offset + high + 1) * itemsize
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _negative_shape(shape: tuple[int, ...]) -> BufferError:
+    msg = (f"from_dlpack(): DLTensor.shape has a negative size: {list(shape)}; the producer wrote "
+           f"an invalid capsule.")
+    return BufferError(msg)
+
+
+def _legacy_pointer(capsule: Any) -> int:
+    """The managed pointer of a ``"dltensor"`` capsule, or the error that its name calls for."""
+    try:
+        managed: int = _capi.PyCapsule_GetPointer(capsule, DLTENSOR)
+    except ValueError:
+        pass
+    else:
+        return managed
+    name_address = _capi.PyCapsule_GetName(capsule)
+    name = ctypes.string_at(name_address) if name_address else None
+    if name in (USED_DLTENSOR, USED_DLTENSOR_VERSIONED):
+        raise RuntimeError(_TORCH_CONSUMED)
+    shown = name.decode("ascii", "replace") if name is not None else None
+    msg = (f"from_dlpack(): expected a capsule named 'dltensor' or 'dltensor_versioned'; got a "
+           f"capsule named {shown!r}. Only DLPack capsules can be imported.")
+    raise TypeError(msg)
+
+
+def _unsupported_dtype(word: int) -> BufferError:
+    code, bits, lanes = struct.unpack("@BBH", struct.pack("@I", word))
+    if lanes != 1:
+        why = "vector types (lanes != 1) are not supported, except float4_e2m1fn_x2 = (17, 4, 2)"
+    else:
+        why = "no tensorbridge dtype has this DLDataType"
+    msg = (f"from_dlpack(): unsupported DLPack dtype (code={code}, bits={bits}, lanes={lanes}): "
+           f"{why}. Convert the data to a supported dtype before exporting it.")
+    return BufferError(msg)
+
+
+def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None) -> Tensor:
+    """``from_dlpack`` with a ``device`` and/or ``copy`` request (the array API semantics)."""
+    if type(ext_tensor) is _CAPSULE_TYPE:
+        return _from_capsule_with(ext_tensor, target, copy)
+    capsule = _request(ext_tensor, target, copy)
+    t, owner, used_name, deleter = _open(capsule)
+    _commit(capsule, owner, used_name, deleter)
+    if target is not None:
+        t = _relabel(t, target)
+    if copy and not t._storage.is_copied and t._storage.device.is_host_accessible:
+        # The producer ignored copy=True or could not say it copied (legacy capsule; PyTorch sets
+        # no IS_COPIED, F7; dlpack.md §12.5). Device memory is trusted: it cannot be checked here.
+        t = t.clone()
+    return t
+
+
+def _from_capsule_with(capsule: Any, target: Device | None, copy: bool | None) -> Tensor:
+    """A capsule with ``device``/``copy``: copied or viewed locally when possible, else a
+    `ValueError` with PyTorch's text (PyTorch asserts), leaving the capsule unconsumed."""
+    t, owner, used_name, deleter = _open(capsule)
+    storage = t._storage
+    if (copy and not storage.device.is_host_accessible) or (
+        target is not None and _needs_move(storage.device.to_dlpack(), target)
+    ):
+        where = target if target is not None else storage.device
+        msg = (f"from_dlpack(): {_TORCH_CAPSULE_KWARGS} The capsule holds memory on "
+               f"{storage.device}, which tensorbridge cannot copy or move to {where}. Import it "
+               f"without device and copy, or ask its producer for the device.")
+        raise ValueError(msg)
+    _commit(capsule, owner, used_name, deleter)
+    if target is not None:
+        t = _relabel(t, target)
+    return t.clone() if copy else t
+
+
+def _needs_move(source: tuple[int, int], target: Device) -> bool:
+    """True when memory on DLPack device ``source`` cannot simply be seen as on ``target``."""
+    kind = int(target.dlpack_type)
+    if source[0] == kind and (kind == _kDLCPU or target.index in (None, source[1])):
+        return False
+    # Host-accessible memory (pinned, managed) is CPU memory too.
+    return not (kind == _kDLCPU and Device.from_dlpack(*source).is_host_accessible)
+
+
+def _move_refused(source: tuple[int, int], wanted: tuple[int, int]) -> ValueError:
+    known = source[0] in DLDeviceType._value2member_map_
+    src = (DLDeviceType(source[0]) if known else source[0], source[1])
+    msg = (f"from_dlpack(): cannot move DLPack tensor from device {src} to "
+           f"{(int(wanted[0]), wanted[1])} without copying. Set copy=None or copy=True.")
+    return ValueError(msg)
+
+
+def _relabel(t: Tensor, target: Device) -> Tensor:
+    """``t`` seen on ``target``: the same memory, when it is there already or host-accessible."""
+    storage = t._storage
+    if _needs_move(storage.device.to_dlpack(), target):
+        msg = (f"from_dlpack(): the producer returned memory on {storage.device}, not on the "
+               f"requested {target}, and tensorbridge does not move memory between devices. Move "
+               f"it with the producer's library first.")
+        raise BufferError(msg)
+    if storage.device.type == target.type:
+        return t
+    host = Storage(storage.ptr, storage.nbytes, target, storage.readonly, storage,
+                   storage.is_copied)
+    return Tensor._make(host, t._offset, t._shape, t._strides, t._dtype)
+
+
+# -------------------------------------------------------------------------------------------------
+# Export
+# -------------------------------------------------------------------------------------------------
+
+# Live exports, keyed by the address of the managed struct:
+#   _EXPORTS[address] = (block, tensor, owner)  the struct with shape and strides, and what keeps
+#                        the memory valid, until the consumer calls `_deleter` (or until reaped);
+#   _PENDING[address] = capsule  while nobody has been seen to consume the capsule.
+_EXPORTS: dict[int, tuple[Any, Tensor, Any]] = {}
+_PENDING: dict[int, Any] = {}
+_REAP_LOCK: Final = threading.Lock()
+# Exports and young-generation collections reap once this many capsules are pending; after a reap
+# the bar is set to twice what is left, so capsules a caller keeps around cost O(1) per export
+# (amortised) instead of a scan each time. Full collections always reap.
+_REAP_MIN: Final = 16
+_reap_at = _REAP_MIN
+
+
+def _release(
+    address: int, _exports: dict[int, Any] = _EXPORTS, _pending: dict[int, Any] = _PENDING
+) -> None:
+    """What the deleter does: forget the capsule, then drop the block and the tensor."""
+    _pending.pop(address, None)
+    _exports.pop(address, None)
+
+
+@DLPackDeleter
+def _deleter(
+    address: int | None, _finalizing: Any = sys.is_finalizing, _release: Any = _release
+) -> None:
+    """``deleter`` of every managed tensor tensorbridge exports; may run on any thread.
+
+    ctypes takes the GIL before running it. What it needs is bound as defaults, so it works while
+    module globals are being cleared; once the interpreter is finalising it does nothing (leak,
+    never crash).
+    """
+    if address is None or _finalizing():
+        return
+    _release(address)
+
+
+_DELETER_ADDRESS: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
+
+
+def _refcounts(pending: dict[int, Any]) -> list[tuple[int, Any, int]]:
+    """``(address, capsule, references)`` for each pending capsule."""
+    return [(address, capsule, sys.getrefcount(capsule))
+            for address, capsule in list(pending.items())]
+
+
+# The references `_refcounts` sees on a capsule held by nothing but the registry, measured with the
+# very same code, so it holds whatever the interpreter's reference-borrowing rules.
+_UNREFERENCED: Final = _refcounts({0: object()})[0][2]
+
+
+def _reap() -> None:
+    """Settle the pending capsules that nothing but the registry refers to any more.
+
+    Renamed ``used_*``: a consumer owns the export and will call the deleter; stop watching it.
+    Still named ``dltensor*``: dropped without being consumed; release it as its deleter would.
+    """
+    global _reap_at  # noqa: PLW0603 (the reaping threshold is module state by nature)
+    if not _REAP_LOCK.acquire(blocking=False):
+        return  # another thread, or a gc callback inside this very reap, is at it
+    try:
+        for address, capsule, refs in _refcounts(_PENDING):
+            if refs > _UNREFERENCED or _PENDING.get(address) is not capsule:
+                continue
+            if ctypes.string_at(_capi.PyCapsule_GetName(capsule)) in (DLTENSOR, DLTENSOR_VERSIONED):
+                _release(address)
+            else:
+                _PENDING.pop(address, None)
+        _reap_at = max(_REAP_MIN, 2 * len(_PENDING))
+    finally:
+        _REAP_LOCK.release()
+
+
+def _reap_after_gc(phase: str, info: dict[str, Any]) -> None:
+    if phase == "stop" and _PENDING and (info["generation"] == 2 or len(_PENDING) >= _reap_at):
+        _reap()
+
+
+def _reap_at_exit() -> None:
+    """A last reap while the interpreter is whole; then stop reaping, before modules are cleared."""
+    _reap()
+    if _reap_after_gc in gc.callbacks:
+        gc.callbacks.remove(_reap_after_gc)
+
+
+gc.callbacks.append(_reap_after_gc)
+atexit.register(_reap_at_exit)
+
+
+def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:
+    """``Tensor.__dlpack__``: a capsule sharing ``t``'s memory.
+
+    A ``"dltensor_versioned"`` capsule (version 1.3) for ``max_version >= (1, 0)``, else a legacy
+    ``"dltensor"`` capsule. It may be consumed once. tensorbridge keeps ``t`` and its memory alive
+    until the consumer calls the deleter, even after every tensorbridge object is gone; a capsule
+    dropped without being consumed is released by the next reap (see the module docstring).
+
+    Args:
+        t: the tensor.
+        stream: None or an int. Host memory takes None and -1 only. CUDA: None, -1, 1, 2 or a
+            ``cudaStream_t``, which is made to wait on the legacy default stream, where tensorbridge
+            has the data; 0 is refused (ambiguous, dlpack.md §5). ROCm: None, -1 and 0.
+        max_version: None or a 2-sequence of ints (tuple or list), the consumer's newest version.
+        dl_device: None, the tensor's own ``__dlpack_device__()``, or ``(1, 0)`` for host memory.
+        copy: None (copy only when needed), True (always; flagged ``IS_COPIED``), False (never).
+
+    Raises:
+        BufferError: requires_grad, a read-only tensor asked for as a legacy capsule, an
+            unsupported device or stream, a copy that is needed but refused or impossible.
+        TypeError: an argument of the wrong type.
+    """
+    return _export(t, stream, max_version, dl_device, copy, "__dlpack__")
+
+
+def to_dlpack(tensor: Any) -> Any:
+    """A legacy ``"dltensor"`` capsule sharing the memory, as ``torch.utils.dlpack.to_dlpack``.
+
+    Runs the checks of ``Tensor.__dlpack__``, which PyTorch skips (compat.md F6): a tensor that
+    requires gradients, and a read-only tensor (a legacy capsule cannot say ``READ_ONLY``), are
+    refused. A view with negative strides is exported as a compact copy. The memory stays alive
+    until the capsule's consumer releases it; a capsule never consumed is released at the next reap.
+
+    Example:
+        >>> import tensorbridge as tb
+        >>> capsule = tb.utils.dlpack.to_dlpack(tb.arange(3))
+        >>> tb.from_dlpack(capsule)
+        tensor([0, 1, 2])
+    """
+    if not isinstance(tensor, Tensor):
+        msg = (f"to_dlpack(): expected a tensorbridge.Tensor; got {type(tensor).__name__}. Convert "
+               f"it with tensorbridge.asarray() first.")
+        raise TypeError(msg)
+    return _export(tensor, None, None, None, None, "to_dlpack")
+
+
+def _export(  # noqa: PLR0917 (the __dlpack__ arguments, plus the API name for messages)
+    t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any, api: str
+) -> Any:
+    if len(_PENDING) >= _reap_at:
+        _reap()
+    if t._requires_grad:
+        msg = f"{api}(): {_TORCH_GRAD}."
+        raise BufferError(msg)
+    copy = _as_copy(copy, api)
+    device = t._storage.device
+    versioned = _wants_versioned(max_version, api)
+    if stream is not None:
+        _check_stream(stream, device, api)
+    if dl_device is not None:
+        device = _export_device(dl_device, device, copy, api)
+    copied = copy is True or (len(t._strides) > 0 and min(t._strides) < 0)
+    if copied:
+        t = _export_copy(t, copy, api)
+    elif t._storage.readonly and not versioned:
+        msg = (f"{api}(): cannot export a read-only tensor as an unversioned 'dltensor' capsule, "
+               f"since signalling readonly is unsupported by DLPack before version 1.0. Call "
+               f"__dlpack__(max_version=(1, 0)), or export a clone().")
+        raise BufferError(msg)
+    if stream is not None and stream > 2 and device.dlpack_type == DLDeviceType.kDLCUDA:
+        _cuda_wait_on_legacy_stream(device.index or 0, stream, api)
+    return _new_capsule(t, device, versioned, copied)
+
+
+def _wants_versioned(max_version: Any, api: str) -> bool:
+    if max_version is None:
+        return False
+    if type(max_version) in (tuple, list) and len(max_version) == 2:
+        major, minor = max_version
+        if type(major) is int and type(minor) is int:
+            return major >= 1
+    msg = (f"{api}(): max_version must be None or a (major, minor) pair of ints; got "
+           f"{max_version!r}. Pass e.g. max_version=(1, 0).")
+    raise TypeError(msg)
+
+
+def _check_stream(stream: Any, device: Device, api: str) -> None:
+    """Validate ``stream`` for the tensor's device (dlpack.md §5), with PyTorch's texts."""
+    if type(stream) is not int:
+        msg = (f"{api}(): stream must be ``int`` or ``none``; got {stream!r} "
+               f"({type(stream).__name__}).")
+        raise TypeError(msg)
+    kind = device.dlpack_type
+    if device.is_host_accessible:
+        ok, why = stream == -1, "stream should be None on cpu."
+    elif kind == DLDeviceType.kDLCUDA:
+        ok, why = stream == -1 or stream >= 1, f"unsupported stream on CUDA: {stream}."
+    elif kind == DLDeviceType.kDLROCM:
+        # 0 is ROCm's legacy default; a raw hipStream_t would need the HIP runtime to be ordered.
+        ok, why = stream in (-1, 0), f"unsupported stream on ROCm: {stream}; use None, -1 or 0."
+    else:
+        ok, why = stream == -1, f"stream should be None on {device.type}."
+    if not ok:
+        msg = f"{api}(): {why} Got stream={stream!r}; pass stream=None for this tensor."
+        raise BufferError(msg)
+
+
+def _export_device(dl_device: Any, device: Device, copy: bool | None, api: str) -> Device:
+    """The device to report for ``dl_device``: the tensor's own, or the CPU for host memory."""
+    if not (type(dl_device) is tuple and len(dl_device) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in dl_device)):
+        msg = f"{api}(): dl_device must be a tuple of two ints or None; got {dl_device!r}."
+        raise TypeError(msg)
+    kind, index = int(dl_device[0]), int(dl_device[1])
+    own_kind, own_index = device.to_dlpack()
+    if kind == own_kind and (index == own_index or kind == _kDLCPU):
+        return device
+    if kind == _kDLCPU and device.is_host_accessible:
+        return CPU  # pinned and managed memory are CPU memory too: no copy
+    target = Device.from_dlpack(kind, index)  # "Unsupported device_type: N" for unknown types
+    if copy is False:
+        msg = (f"{api}(): cannot move (i.e. copy=False) tensor from {device} to {target} without "
+               f"copying.")
+    elif kind == _kDLCPU:
+        msg = (f"{api}(): cannot copy {device} memory to the CPU: tensorbridge does not copy "
+               f"between devices. Export to the tensor's own device and copy with its library.")
+    else:
+        msg = (f"{api}(): Unsupported device_type: {kind}. tensorbridge exports to the tensor's "
+               f"own device {(int(own_kind), own_index)} or, from host memory, to the CPU (1, 0); "
+               f"it does not copy memory from {device} to {target}.")
+    raise BufferError(msg)
+
+
+def _export_copy(t: Tensor, copy: bool | None, api: str) -> Tensor:
+    """A compact copy, for ``copy=True`` or negative strides (pytorch/pytorch#188023)."""
+    if copy is False:
+        msg = (f"{api}(): the tensor has negative strides {t._strides}, which some consumers "
+               f"cannot take (torch.from_dlpack aborts the process), and copy=False forbids the "
+               f"compact copy tensorbridge exports instead. Use copy=None, or export "
+               f"t.contiguous().")
+        raise BufferError(msg)
+    if not t._storage.device.is_host_accessible:
+        msg = (f"{api}(): a copy is needed (copy=True or negative strides {t._strides}), but "
+               f"tensorbridge cannot copy memory on {t.device}. Copy it with the library that owns "
+               f"the memory.")
+        raise BufferError(msg)
+    return t.clone()
+
+
+# The block written for one export, per (versioned, ndim): its struct format (managed struct, then
+# shape[ndim] and strides[ndim]), the ctypes array type that holds it, and where shape starts.
+_BLOCKS: dict[tuple[bool, int], tuple[struct.Struct, Any, int]] = {}
+
+
+def _block_layout(versioned: bool, ndim: int) -> tuple[struct.Struct, Any, int]:
+    layout = _BLOCKS.get((versioned, ndim))
+    if layout is None:
+        header = "IIPPQ" + _DLTENSOR_WRITE if versioned else _DLTENSOR_WRITE + "PP"
+        shape_at = struct.calcsize("@" + header + "0q")
+        fmt = struct.Struct(f"@{header}0q{ndim}q{ndim}q")
+        layout = _BLOCKS[versioned, ndim] = (fmt, ctypes.c_char * fmt.size, shape_at)
+    return layout
+
+
+def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> Any:
+    """Write the managed struct, shape and strides into one block; register it; wrap it."""
+    storage = t._storage
+    shape, strides = t._shape, t._strides
+    ndim = len(shape)
+    itemsize = t._dtype.itemsize
+    code, bits, lanes = t._dtype.dlpack
+    dev_type, dev_id = device.to_dlpack()
+    if 0 in shape:
+        data, byte_offset = 0, 0  # dlpack.h: NULL data for size-0 tensors
+    elif dev_type in _ADDRESSABLE:
+        data, byte_offset = storage.ptr + t._offset * itemsize, 0  # as NumPy and PyTorch do
+    else:
+        data, byte_offset = storage.ptr, t._offset * itemsize  # a handle: no pointer arithmetic
+    fmt, block_type, shape_at = _block_layout(versioned, ndim)
+    block = block_type()
+    address = ctypes.addressof(block)
+    shape_p = address + shape_at
+    strides_p = shape_p + 8 * ndim
+    keep = (block, t, storage.owner)
+    ctx = id(keep)  # manager_ctx: opaque to consumers; the registry entry that keeps it all alive
+    dltensor = (data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, strides_p, byte_offset)
+    if versioned:
+        flags = (DLPACK_FLAG_BITMASK_IS_COPIED if copied
+                 else DLPACK_FLAG_BITMASK_READ_ONLY if storage.readonly else 0)
+        fmt.pack_into(block, 0, *_MAX_VERSION, ctx, _DELETER_ADDRESS, flags, *dltensor, *shape,
+                      *strides)
+        capsule = _capi.PyCapsule_New(address, DLTENSOR_VERSIONED, None)
+    else:
+        fmt.pack_into(block, 0, *dltensor, ctx, _DELETER_ADDRESS, *shape, *strides)
+        capsule = _capi.PyCapsule_New(address, DLTENSOR, None)
+    _EXPORTS[address] = keep
+    _PENDING[address] = capsule
+    return capsule
+
+
+# -------------------------------------------------------------------------------------------------
+# CUDA stream ordering for re-exported device memory
+# -------------------------------------------------------------------------------------------------
+
+class _CudaDriver:
+    """The CUDA driver calls that order a consumer's stream after the legacy default stream.
+
+    Loaded on first use (a CUDA tensor exported with a raw ``cudaStream_t``): tensorbridge has no
+    CUDA dependency otherwise. The calls run in the device's primary context.
+    """
+
+    CU_EVENT_DISABLE_TIMING: Final = 2
+    CU_STREAM_LEGACY: Final = 1
+
+    def __init__(self, lib: Any) -> None:
+        vp, pvp = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        i, u = ctypes.c_int, ctypes.c_uint
+
+        def bind(name: str, *argtypes: Any) -> Any:
+            fn = getattr(lib, name)  # this CDLL object is tensorbridge's own: setting types is safe
+            fn.restype, fn.argtypes = ctypes.c_int, list(argtypes)
+            return fn
+
+        self.device_get = bind("cuDeviceGet", ctypes.POINTER(i), i)
+        self.retain = bind("cuDevicePrimaryCtxRetain", pvp, i)
+        self.release = bind("cuDevicePrimaryCtxRelease_v2", i)
+        self.push = bind("cuCtxPushCurrent_v2", vp)
+        self.pop = bind("cuCtxPopCurrent_v2", pvp)
+        self.event_create = bind("cuEventCreate", pvp, u)
+        self.event_record = bind("cuEventRecord", vp, vp)
+        self.event_destroy = bind("cuEventDestroy_v2", vp)
+        self.stream_wait = bind("cuStreamWaitEvent", vp, vp, u)
+        self.check(bind("cuInit", u)(0), "cuInit")
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            msg = (f"__dlpack__(): {what} failed with CUDA error {status}; the consumer's stream "
+                   f"cannot be ordered after the data.")
+            raise BufferError(msg)
+
+    def wait_on_legacy(self, device_id: int, stream: int) -> None:
+        """Make ``stream`` wait for the work queued so far on the legacy default stream."""
+        dev = ctypes.c_int()
+        self.check(self.device_get(ctypes.byref(dev), device_id), "cuDeviceGet")
+        ctx = ctypes.c_void_p()
+        self.check(self.retain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        try:
+            self.check(self.push(ctx), "cuCtxPushCurrent")
+            try:
+                self._wait(stream)
+            finally:
+                self.pop(ctypes.byref(ctypes.c_void_p()))
+        finally:
+            self.release(dev)
+
+    def _wait(self, stream: int) -> None:
+        event = ctypes.c_void_p()
+        self.check(self.event_create(ctypes.byref(event), self.CU_EVENT_DISABLE_TIMING),
+                   "cuEventCreate")
+        try:
+            self.check(self.event_record(event, self.CU_STREAM_LEGACY), "cuEventRecord")
+            self.check(self.stream_wait(stream, event, 0), "cuStreamWaitEvent")
+        finally:
+            self.event_destroy(event)
+
+
+_CUDA: list[_CudaDriver] = []
+
+
+def _cuda_driver() -> _CudaDriver:
+    if not _CUDA:
+        _CUDA.append(_CudaDriver(ctypes.CDLL("nvcuda.dll" if sys.platform == "win32"
+                                             else "libcuda.so.1")))
+    return _CUDA[0]
+
+
+def _cuda_wait_on_legacy_stream(device_id: int, stream: int, api: str) -> None:
+    """Make the consumer's ``stream`` wait for the data.
+
+    tensorbridge imports CUDA memory with ``stream=1``, so its producer made the data ready on the
+    legacy default stream. Stream 1 (that stream) and 2 (per-thread default, which synchronises
+    with it) need nothing; a raw stream may be non-blocking and gets an event wait (dlpack.md §5).
+    """
+    try:
+        driver = _cuda_driver()
+    except OSError as exc:
+        msg = (f"{api}(): stream={stream} needs the CUDA driver library to order the consumer's "
+               f"stream, and it could not be loaded ({exc}). Pass stream=None, 1 or -1.")
+        raise BufferError(msg) from None
+    driver.wait_on_legacy(device_id, stream)
