@@ -1,0 +1,134 @@
+"""The command line: ``python -m tensorbridge [doctor | bench] [options]`` (``doctor`` by default).
+
+``doctor`` checks what this interpreter can exchange and exits 1 only when tensorbridge breaks one
+of its own guarantees. ``bench`` runs the scripts in ``benchmarks/`` (shipped in the wheel as
+``tensorbridge/_benchmarks``): per-call overhead of tensorbridge next to its peers, in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["main"]
+
+_COMMANDS = ("doctor", "bench")
+
+
+def _peer_list(text: str) -> tuple[str, ...]:
+    """``"numpy,torch"`` -> ("numpy", "torch"); ``"none"`` or ``""`` -> () (no peer)."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    return () if names in ((), ("none",), ("stdlib",)) else names
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tensorbridge",
+        description="tensorbridge: zero-copy tensor interchange. Without a command, runs 'doctor'.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="{doctor,bench}")
+    doctor = commands.add_parser(
+        "doctor",
+        help="prove what this interpreter can exchange (the default)",
+        description="Find the array libraries installed here and prove every exchange through "
+        "tensorbridge and directly; exit 1 only if tensorbridge breaks a guarantee.",
+    )
+    doctor.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object instead of text, with the keys doctor (format version), "
+        "tensorbridge, python, implementation, platform, machine, libraries, devices, matrix, "
+        "dtypes, checks, broken, ok and elapsed_s",
+    )
+    doctor.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress on stderr even when it is not a terminal",
+    )
+    doctor.add_argument(
+        "--peers",
+        type=_peer_list,
+        default=None,
+        metavar="LIST",
+        help="comma-separated libraries to use (numpy,torch,jax,pyarrow,cupy), or 'none' for the "
+        "standard library and tensorbridge only (default: all found; env TB_DOCTOR_PEERS)",
+    )
+    doctor.add_argument(
+        "--no-child", action="store_true", help="skip the checks that run in a child interpreter"
+    )
+    commands.add_parser(
+        "bench",
+        help="per-call overhead next to NumPy, PyTorch and JAX",
+        description="Run the benchmark scripts; 'bench --help' lists their options.",
+        add_help=False,
+    )
+    return parser
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from . import _doctor
+
+    peers = args.peers
+    if peers is None and os.environ.get("TB_DOCTOR_PEERS"):
+        peers = _peer_list(os.environ["TB_DOCTOR_PEERS"])
+    options = _doctor.Options(
+        peers=peers, progress=args.progress or sys.stderr.isatty(), child_checks=not args.no_child
+    )
+    report = _doctor.run(options)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        sys.stdout.write(_doctor.render(report))
+    return 0 if report.ok else 1
+
+
+def _benchmarks() -> ModuleType:
+    """The benchmarks: ``tensorbridge._benchmarks`` in a wheel, ``benchmarks/`` in a checkout."""
+    name = f"{__package__}._benchmarks"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    init = root / "__init__.py"
+    if not init.is_file():
+        msg = (
+            f"bench: the benchmark scripts are missing (looked for {name} and {root}); "
+            f"reinstall tensorbridge from its wheel or run from a source checkout."
+        )
+        raise RuntimeError(msg)
+    spec = importlib.util.spec_from_file_location(
+        name, init, submodule_search_locations=[str(root)]
+    )
+    if spec is None or spec.loader is None:
+        msg = f"bench: cannot load the benchmark package at {root}"
+        raise RuntimeError(msg)
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+def _bench(argv: list[str]) -> int:
+    package = _benchmarks()
+    harness = importlib.import_module(f"{package.__name__}._harness")
+    scripts = [importlib.import_module(f"{package.__name__}.{s}") for s in package.SCRIPTS]
+    return int(harness.main(argv, scripts, prog="python -m tensorbridge bench"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line and return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in (*_COMMANDS, "-h", "--help"):
+        argv.insert(0, "doctor")
+    if argv[0] == "bench":
+        return _bench(argv[1:])
+    args = _parser().parse_args(argv)
+    return _doctor(args)

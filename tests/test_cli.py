@@ -1,0 +1,373 @@
+"""The command line: ``python -m tensorbridge doctor`` and ``bench``, run in child interpreters."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tensorbridge import _cli, _doctor
+
+pytestmark = pytest.mark.subprocess
+
+_PEERS = ("numpy", "torch", "jax", "jaxlib", "pyarrow", "ml_dtypes", "cupy", "matplotlib")
+# A meta path finder that makes every peer unimportable, as if none were installed.
+_BLOCK_PEERS = f"""
+import importlib.abc, sys
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in {_PEERS!r}:
+            raise ImportError("blocked for the test: " + name)
+        return None
+sys.meta_path.insert(0, _Block())
+"""
+_JSON_KEYS = {
+    "doctor",
+    "tensorbridge",
+    "python",
+    "implementation",
+    "platform",
+    "machine",
+    "libraries",
+    "devices",
+    "matrix",
+    "dtypes",
+    "checks",
+    "broken",
+    "ok",
+    "elapsed_s",
+}
+_CELL_KEYS = {
+    "producer",
+    "consumer",
+    "device",
+    "route",
+    "dtype",
+    "outcome",
+    "proof",
+    "blame",
+    "reason",
+    "calls",
+    "notes",
+}
+_OUTCOMES = {"shared", "copied", "refused", "broken", "n/a"}
+
+
+def _run(
+    *args: str, code: str = "", env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``python -m tensorbridge ARGS``, or ``python -c CODE`` followed by ``main(ARGS)``."""
+    script = textwrap.dedent(code) + (
+        f"\nfrom tensorbridge._cli import main\nraise SystemExit(main({list(args)!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """One doctor run with every peer installed here: exit status, text, JSON and stderr.
+
+    The text and the JSON come from the same run (the doctor takes seconds with PyTorch and JAX).
+    """
+    out = tmp_path_factory.mktemp("doctor")
+    code = f"""
+    import json, sys
+    from tensorbridge import _doctor
+    report = _doctor.run(_doctor.Options())
+    open({str(out / "report.txt")!r}, "w").write(_doctor.render(report))
+    json.dump(report.to_json(), open({str(out / "report.json")!r}, "w"))
+    sys.exit(0 if report.ok else 1)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.stdout == "", proc.stdout[-2000:]
+    text = (out / "report.txt").read_text()
+    return proc.returncode, text, json.loads((out / "report.json").read_text()), proc.stderr
+
+
+@pytest.fixture
+def doctor_json(full_run):
+    """The full run's exit status and JSON report."""
+    return full_run[0], full_run[2]
+
+
+def test_doctor_exits_zero_with_the_peers_installed(doctor_json):
+    """With whatever peers are installed, the doctor finds no broken guarantee and exits 0."""
+    returncode, report = doctor_json
+    assert returncode == 0, report["broken"]
+    assert report["ok"] is True
+    assert report["broken"] == []
+
+
+def test_doctor_json_has_the_documented_keys(doctor_json):
+    """--json prints one object with the documented keys; cells and checks have theirs."""
+    _, report = doctor_json
+    assert set(report) == _JSON_KEYS
+    assert report["matrix"]
+    assert report["checks"]
+    for cell in report["matrix"] + report["dtypes"]:
+        assert set(cell) == _CELL_KEYS
+        assert cell["outcome"] in _OUTCOMES
+    for check in report["checks"]:
+        assert set(check) == {"name", "ok", "detail"}
+    assert {lib["key"] for lib in report["libraries"]} >= {"numpy", "torch", "jax"}
+
+
+def test_doctor_proves_the_standard_library_cells(doctor_json):
+    """Every standard-library exporter is shared with tensorbridge, proved by a write or address."""
+    _, report = doctor_json
+    stdlib = {"bytes", "bytearray", "memoryview", "array", "mmap", "ctypes", "shared_memory"}
+    cells = [
+        c for c in report["matrix"] if c["producer"] in stdlib and c["consumer"] == "tensorbridge"
+    ]
+    assert {c["producer"] for c in cells} == stdlib
+    for cell in cells:
+        assert cell["outcome"] == "shared", cell
+        assert cell["proof"] == ("address" if cell["producer"] == "bytes" else "write")
+
+
+def test_doctor_uses_the_installed_peers(doctor_json):
+    """Installed peers are imported, report their devices, and appear in the matrix."""
+    _, report = doctor_json
+    used = {lib["key"]: lib for lib in report["libraries"] if lib["status"] == "used"}
+    for name in ("numpy", "torch", "jax"):
+        if not _installed(name):
+            continue
+        assert "cpu" in used[name]["devices"]
+        assert any(
+            c["producer"] == name and c["consumer"] == "tensorbridge" and c["outcome"] == "shared"
+            for c in report["matrix"]
+        )
+
+
+def test_doctor_text_fits_100_columns(full_run):
+    """Every line of the text report is at most 100 columns wide."""
+    lines = full_run[1].splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert lines[0].startswith("tensorbridge ")
+    assert any(line.startswith("Safety checks") for line in lines)
+
+
+def test_doctor_without_progress_writes_nothing_to_stderr():
+    """Progress goes to stderr only on a terminal or with --progress: a pipe gets nothing."""
+    proc = _run("doctor", "--peers", "none")
+    assert proc.returncode == 0
+    assert proc.stderr == ""
+
+
+def test_doctor_exits_zero_with_the_peers_hidden():
+    """With every peer unimportable, the doctor reports them and still exits 0."""
+    proc = _run("doctor", "--json", code=_BLOCK_PEERS)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    statuses = {lib["key"]: lib["status"] for lib in report["libraries"]}
+    assert "used" not in {statuses[name] for name in ("numpy", "torch", "jax")}
+    if _installed("numpy"):
+        assert statuses["numpy"] == "import failed"
+    assert {c["producer"] for c in report["matrix"]} >= {"bytes", "mmap", "tensorbridge"}
+
+
+def test_doctor_peers_none_from_the_environment():
+    """TB_DOCTOR_PEERS=none keeps the doctor to the standard library and tensorbridge."""
+    proc = _run("--json", env={"TB_DOCTOR_PEERS": "none"})
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    report = json.loads(proc.stdout)
+    assert not [lib for lib in report["libraries"] if lib["status"] == "used"]
+    assert {c["consumer"] for c in report["matrix"]} == {"tensorbridge", "memoryview"}
+
+
+def test_doctor_exits_nonzero_when_a_guarantee_breaks():
+    """A tensorbridge that loses the read-only flag makes the doctor fail, naming the guarantee."""
+    code = """
+    import tensorbridge as tb
+    tb.Tensor.is_readonly = property(lambda self: False)
+    """
+    proc = _run("doctor", "--peers", "none", code=code)
+    assert proc.returncode == 1
+    assert "BROKEN" in proc.stdout
+    assert "FAIL  read-only buffers give read-only tensors" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 100
+
+
+def test_doctor_reports_a_copying_import_as_broken():
+    """An import that copies instead of sharing is a broken cell, and fails the exit status."""
+    code = """
+    import tensorbridge as tb
+    _original = tb.asarray
+    tb.asarray = lambda obj, **kw: _original(obj, **kw).clone()
+    """
+    proc = _run("doctor", "--peers", "none", "--json", code=code)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    broken = [c for c in report["matrix"] if c["outcome"] == "broken"]
+    assert any(c["producer"] == "bytearray" and "copied" in c["reason"] for c in broken)
+
+
+def test_doctor_reports_a_placeholder_as_broken_without_crashing():
+    """A tensorbridge entry point that raises NotImplementedError is a broken cell, not a crash."""
+    code = """
+    import tensorbridge as tb
+    def _missing(*args, **kwargs):
+        raise NotImplementedError
+    tb.asarray = _missing
+    """
+    proc = _run("doctor", "--peers", "none", "--json", code=code)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    reasons = [c["reason"] for c in report["matrix"] if c["outcome"] == "broken"]
+    assert reasons
+    assert all("NotImplementedError" in r for r in reasons)
+
+
+def test_progress_appears_only_after_a_second():
+    """The progress line is written only once the run has taken more than a second."""
+    stream = io.StringIO()
+    progress = _doctor._Progress(True, stream)
+    progress("early")
+    assert stream.getvalue() == ""
+    progress.start -= 2.0
+    progress.last -= 2.0
+    progress("importing JAX")
+    assert "importing JAX" in stream.getvalue()
+    assert stream.getvalue().endswith("\n")  # not a terminal: one line per update
+
+
+def test_table_splits_columns_that_do_not_fit():
+    """A table wider than the limit is split into blocks that repeat the first column."""
+    rows = [["row", *("x" * 20 for _ in range(6))]]
+    lines = _doctor.table(["name", *(f"col{i}" for i in range(6))], rows, width=60)
+    assert max(len(line) for line in lines) <= 60
+    assert sum(line.strip().startswith("name") for line in lines) >= 2
+
+
+def test_peer_list_parsing():
+    """--peers accepts a comma list; 'none' (or 'stdlib') means no peer at all."""
+    assert _cli._peer_list("numpy, torch") == ("numpy", "torch")
+    assert _cli._peer_list("none") == ()
+    assert _cli._peer_list("stdlib") == ()
+
+
+def test_bench_quick_json_reports_ratios(tmp_path):
+    """bench --quick --json runs every script on a tiny budget and reports tb/peer ratios."""
+    proc = _run(
+        "bench", "--quick", "--json", "--sizes", "1KiB", "--budget", "0.0005", "--repeat", "1"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert {"bench", "command", "machine", "settings", "results", "targets"} <= set(report)
+    groups = {r["group"] for r in report["results"]}
+    assert {"frombuffer", "from_file", "asarray"} <= groups
+    assert all(r["tb"]["error"] is None and r["tb"]["us"] > 0 for r in report["results"])
+    if _installed("torch"):
+        ratios = [p["ratio"] for r in report["results"] for p in r["peers"]]
+        assert any(isinstance(x, float) and x > 0 for x in ratios)
+        assert any(t["peer"].startswith("torch.frombuffer") for t in report["targets"])
+
+
+def test_bench_runs_with_the_peers_hidden():
+    """Without any peer, bench still times tensorbridge's own calls."""
+    proc = _run(
+        "bench",
+        "--sizes",
+        "1KiB",
+        "--budget",
+        "0.0005",
+        "--repeat",
+        "1",
+        "--only",
+        "frombuffer",
+        code=_BLOCK_PEERS,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tb.frombuffer(bytearray, dtype=tb.float32)" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 100
+
+
+def test_bench_plot_without_matplotlib_says_so(tmp_path):
+    """--plot without matplotlib prints a clear message and still prints the table."""
+    target = tmp_path / "ratios.png"
+    proc = _run(
+        "bench",
+        "--sizes",
+        "1KiB",
+        "--budget",
+        "0.0005",
+        "--repeat",
+        "1",
+        "--only",
+        "frombuffer",
+        "--plot",
+        str(target),
+        code=_BLOCK_PEERS,
+    )
+    assert proc.returncode == 0
+    assert "needs matplotlib" in proc.stderr
+    assert not target.exists()
+
+
+def test_bench_plot_writes_a_png(tmp_path):
+    """--plot FILE.png writes a bar chart of the ratios when matplotlib is installed."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("torch")
+    target = tmp_path / "ratios.png"
+    proc = _run(
+        "bench",
+        "--sizes",
+        "1KiB",
+        "--budget",
+        "0.0005",
+        "--repeat",
+        "1",
+        "--only",
+        "frombuffer",
+        "--peers",
+        "torch",
+        "--plot",
+        str(target),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert target.read_bytes().startswith(b"\x89PNG")
+
+
+def test_bench_help_lists_its_options():
+    """bench --help documents --quick, --json and --plot."""
+    proc = _run("bench", "--help")
+    assert proc.returncode == 0
+    for option in ("--quick", "--json", "--plot", "--budget"):
+        assert option in proc.stdout
+
+
+def test_module_entry_point_runs_the_doctor():
+    """python -m tensorbridge (no command) is the doctor."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorbridge", "--peers", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert proc.stdout.startswith("tensorbridge ")
