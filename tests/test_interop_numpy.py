@@ -1,0 +1,313 @@
+"""DLPack interchange with NumPy in both directions (np.from_dlpack, ndarray.__dlpack__)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import pytest
+
+import tensorbridge as tb
+from tensorbridge._tensor import _from_bytes
+
+np = pytest.importorskip("numpy")
+
+NUMPY_DTYPES = [
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
+# tensorbridge dtypes NumPy 2.4 cannot import through DLPack (no code 4/5-32/7-14, no lanes=2).
+NON_NUMPY_DTYPES = [
+    "bfloat16",
+    "complex32",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+]
+
+
+def np_sample(name, n=6):
+    values = (
+        np.arange(1, n + 1) % 2
+        if name == "bool"
+        else np.arange(1, n + 1) * (1 + 1j if "complex" in name else 1)
+    )
+    return values.astype(name)
+
+
+def tb_sample(name, n=6):
+    dtype = getattr(tb, name)
+    data = bytes(range(1, n * dtype.itemsize + 1)) if name != "bool" else bytes([0, 1] * (n // 2))
+    return _from_bytes(data, (n,), dtype)
+
+
+def data_ptr(a):
+    return a.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("name", NUMPY_DTYPES)
+def test_tensorbridge_from_numpy_shares_every_dtype(name):
+    """tb.from_dlpack(ndarray) shares memory: same pointer and values, writes seen both ways."""
+    a = np_sample(name)
+    t = tb.from_dlpack(a)
+    assert t.dtype is getattr(tb, name)
+    assert t.data_ptr() == data_ptr(a)
+    assert t.tolist() == a.tolist()
+    t[0] = a[1].item()
+    assert a[0] == a[1]
+    a[2] = a[3]
+    assert t[2].item() == a[3].item()
+
+
+@pytest.mark.parametrize("name", NUMPY_DTYPES)
+def test_numpy_from_tensorbridge_shares_every_dtype(name):
+    """np.from_dlpack(tensor) shares memory: same pointer and values, writes seen both ways."""
+    t = tb_sample(name)
+    a = np.from_dlpack(t)
+    assert a.dtype == np.dtype(name)
+    assert data_ptr(a) == t.data_ptr()
+    assert a.tolist() == t.tolist()
+    assert a.flags.writeable
+    a[0] = a[1]
+    assert t[0].item() == t[1].item()
+    t[2] = t[3].item()
+    assert a[2] == a[3]
+
+
+@pytest.mark.parametrize("name", NON_NUMPY_DTYPES)
+def test_dtypes_numpy_lacks_fail_cleanly(name):
+    """NumPy's error for a dtype it lacks passes through (no SystemError); nothing leaks."""
+    t = tb_sample(name)
+    alive = weakref.ref(t)
+    with pytest.raises((RuntimeError, BufferError), match="Unsupported") as info:
+        np.from_dlpack(t)
+    assert type(info.value) in (RuntimeError, BufferError)  # NumPy 2.4 / 2.5
+    del t, info
+    gc.collect()  # the rejected capsule was abandoned; the reaper releases it
+    assert alive() is None
+
+
+def test_bfloat16_reaches_numpy_through_ml_dtypes():
+    """Decision: bfloat16/float8 reach NumPy as bits (uint views) that ml_dtypes reinterprets."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    t = tb.tensor([1.5, -2.0, 3.25], dtype=tb.bfloat16)
+    a = np.from_dlpack(t.view(tb.uint16)).view(ml_dtypes.bfloat16)
+    assert a.tolist() == [1.5, -2.0, 3.25]
+    assert data_ptr(a) == t.data_ptr()
+    f8 = tb.tensor([0.5, -1.0], dtype=tb.float8_e4m3fn)
+    b = np.from_dlpack(f8.view(tb.uint8)).view(ml_dtypes.float8_e4m3fn)
+    assert b.astype(np.float32).tolist() == [0.5, -1.0]
+
+
+def test_ml_dtypes_array_is_refused_by_numpy_export():
+    """NumPy refuses to export an ml_dtypes array; its BufferError passes through unchanged."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    with pytest.raises(BufferError, match="DLPack only supports"):
+        tb.from_dlpack(np.zeros(3, dtype=ml_dtypes.bfloat16))
+
+
+def test_layout_to_numpy(layout):
+    """Every layout reaches NumPy with its values (negative strides as a flagged copy)."""
+    name, t = layout
+    a = np.from_dlpack(t)
+    assert a.shape == tuple(t.shape)
+    assert a.tolist() == t.tolist()
+    if t.numel() and name != "negative_step":
+        assert data_ptr(a) == t.data_ptr()
+        assert tuple(s // a.itemsize for s in a.strides) == tuple(
+            st if n > 1 else s // a.itemsize
+            for st, n, s in zip(t.stride(), t.shape, a.strides, strict=True)
+        )
+
+
+def test_layout_from_numpy_round_trip(layout):
+    """NumPy views of every layout import back with the same values and memory."""
+    _, t = layout
+    a = np.from_dlpack(t)
+    back = tb.from_dlpack(a)
+    assert back.tolist() == t.tolist()
+    assert back.shape == t.shape
+    if t.numel():
+        assert back.data_ptr() == data_ptr(a)
+
+
+@pytest.mark.parametrize("index", [np.s_[::-1], np.s_[::-2, 1:], np.s_[:, ::-3], np.s_[::-1, ::-1]])
+def test_numpy_negative_strides_import_as_views(index):
+    """Negative strides from NumPy import as views with the right values (torch aborts, F3)."""
+    a = np.arange(24.0).reshape(4, 6)[index]
+    t = tb.from_dlpack(a)
+    assert t.tolist() == a.tolist()
+    assert t.data_ptr() == data_ptr(a)
+    assert t.stride() == tuple(s // 8 for s in a.strides)
+
+
+def test_unaligned_numpy_data():
+    """Unaligned data (offset=1 into a buffer) imports with the right values."""
+    a = np.frombuffer(b"\x00" + np.arange(4, dtype=np.int32).tobytes(), dtype=np.int32, offset=1)
+    t = tb.from_dlpack(a)
+    assert t.data_ptr() % 4 == 1
+    assert t.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("ndim", [0, 1, 2, 32, 64])
+def test_numpy_dimensions(ndim):
+    """0-d to 64-d arrays round-trip (NumPy 2.4 exports NULL shape/strides for 0-d)."""
+    a = np.arange(2.0).reshape((1,) * (ndim - 1) + (2,)) if ndim else np.array(7.0)
+    t = tb.from_dlpack(a)
+    assert t.shape == a.shape
+    assert t.tolist() == a.tolist()
+    assert np.from_dlpack(t).shape == a.shape
+
+
+def test_size1_odd_strides_and_empty():
+    """Size-1 dims with odd strides and size-0 arrays cross both ways."""
+    a = np.arange(12.0).reshape(3, 4)[:, 1:2]
+    assert tb.from_dlpack(a).tolist() == a.tolist()
+    e = np.zeros((0, 3))
+    assert tb.from_dlpack(e).shape == (0, 3)
+    assert np.from_dlpack(tb.zeros(0, 3)).shape == (0, 3)
+
+
+def test_read_only_both_ways():
+    """A read-only array imports read-only; a read-only tensor exports to a read-only array."""
+    a = np.arange(3.0)
+    a.flags.writeable = False
+    t = tb.from_dlpack(a)
+    assert t.is_readonly
+    with pytest.raises(ValueError, match="read-only"):
+        t[0] = 1.0
+    b = np.from_dlpack(t)
+    assert not b.flags.writeable
+    assert data_ptr(b) == data_ptr(a)
+    with pytest.raises(BufferError, match="read-only"):
+        t.__dlpack__()
+    w = np.arange(3.0)
+    assert not tb.from_dlpack(w).is_readonly
+
+
+def test_legacy_numpy_capsule_imports_writable():
+    """NumPy's legacy capsule (no max_version) imports writable: the documented policy."""
+    a = np.arange(3.0)
+    t = tb.from_dlpack(a.__dlpack__())
+    t[0] = 5.0
+    assert a[0] == 5.0
+    assert not t.is_readonly
+
+
+@pytest.mark.parametrize("dtype", ["datetime64[s]", ">i8", "longdouble"])
+def test_numpy_refusals_pass_through(dtype):
+    """NumPy's BufferError for data DLPack cannot express passes through unchanged."""
+    a = np.zeros(3, dtype=dtype)
+    if dtype == "longdouble" and np.dtype(dtype).itemsize == 8:
+        pytest.skip("longdouble is float64 here")
+    with pytest.raises(BufferError, match="DLPack only supports"):
+        tb.from_dlpack(a)
+
+
+def test_structured_field_refusal_passes_through():
+    """A structured field view (stride not a multiple of the itemsize) is NumPy's BufferError."""
+    a = np.zeros(3, dtype=[("a", "i4"), ("b", "i8")])["b"]
+    with pytest.raises(BufferError, match="multiple of itemsize"):
+        tb.from_dlpack(a)
+
+
+def test_copy_semantics_with_numpy():
+    """copy=None/False share; copy=True gives NumPy's flagged copy; device='cpu' works both ways."""
+    a = np.arange(4.0)
+    assert tb.from_dlpack(a, copy=False).data_ptr() == data_ptr(a)
+    assert tb.from_dlpack(a, device="cpu").data_ptr() == data_ptr(a)
+    c = tb.from_dlpack(a, copy=True)
+    assert c.data_ptr() != data_ptr(a)
+    assert c._storage.is_copied
+    assert c.tolist() == a.tolist()
+    t = tb.arange(4)
+    assert data_ptr(np.from_dlpack(t, copy=False)) == t.data_ptr()
+    d = np.from_dlpack(t, copy=True)
+    assert data_ptr(d) != t.data_ptr()
+    assert d.tolist() == [0, 1, 2, 3]
+    assert data_ptr(np.from_dlpack(t, device="cpu")) == t.data_ptr()
+
+
+def test_import_holds_one_reference_on_the_array():
+    """An imported tensor holds exactly +1 on the array, dropped when it dies."""
+    a = np.arange(5.0)
+    before = sys.getrefcount(a)
+    t = tb.from_dlpack(a)
+    assert sys.getrefcount(a) == before + 1
+    v = t[1:]
+    del t
+    assert sys.getrefcount(a) == before + 1
+    del v
+    gc.collect()
+    assert sys.getrefcount(a) == before
+
+
+def test_numpy_array_outlives_tensorbridge(counting_exporter):
+    """An array made from a tensor keeps its memory after every tensorbridge object is gone; NumPy
+    calls tensorbridge's deleter exactly once, when the array dies."""
+    t = tb.arange(1000)
+    alive = weakref.ref(t)
+    exporter = counting_exporter(t)
+    a = np.from_dlpack(exporter)
+    del t, exporter.tensor
+    gc.collect()
+    assert alive() is not None
+    assert a[999] == 999
+    assert exporter.total == 0
+    a[0] = 7
+    assert a[0] == 7
+    del a
+    gc.collect()
+    assert exporter.total == 1
+    assert alive() is None
+
+
+def test_each_numpy_import_calls_the_deleter_once(counting_exporter):
+    """Several arrays from one tensor: one deleter call per capsule."""
+    exporter = counting_exporter(tb.arange(6))
+    arrays = [np.from_dlpack(exporter) for _ in range(4)]
+    assert [k for k in exporter.kwargs] == [
+        {"dl_device": None, "copy": None, "max_version": (1, 0)}
+    ] * 4
+    del arrays
+    gc.collect()
+    assert exporter.total == 4
+    assert set(exporter.calls.values()) == {1}
+
+
+def test_numpy_producer_deleter_runs_when_tensor_dies():
+    """Importing from NumPy: the array (NumPy's manager_ctx) is released when the last view dies."""
+    a = np.arange(10.0)
+    alive = weakref.ref(a.base if a.base is not None else a)
+    t = tb.from_dlpack(a)
+    del a
+    gc.collect()
+    assert alive() is not None
+    assert t.tolist()[-1] == 9.0
+    del t
+    gc.collect()
+    assert alive() is None
+
+
+def test_numpy_round_trip_keeps_pointer():
+    """NumPy -> tensorbridge -> NumPy keeps the pointer and shares writes."""
+    a = np.arange(12).reshape(3, 4)[:, ::2]
+    b = np.from_dlpack(tb.from_dlpack(a))
+    assert data_ptr(b) == data_ptr(a)
+    assert b.strides == a.strides
+    b[0, 0] = -1
+    assert a[0, 0] == -1
