@@ -11,7 +11,7 @@ import builtins
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from . import _codec, _dtype, _layout
 from ._device import CPU, Device, as_device
@@ -103,6 +103,10 @@ def _is_float8(dtype: DType) -> bool:
     return dtype.kind == "f" and dtype.itemsize == 1 and dtype is not _dtype.float4_e2m1fn_x2
 
 
+# Python scalar types and the dtype kind PyTorch infers for each.
+_PYTHON_SCALARS: Final = {builtins.bool: "b", int: "i", builtins.float: "f", complex: "c"}
+
+
 def _flatten(data: Any, api: str, depth: int = 0) -> tuple[list[Any], tuple[int, ...], DType | None]:
     """Flatten nested sequences (and tensors inside them) row-major, inferring PyTorch's dtype.
 
@@ -120,6 +124,10 @@ def _flatten(data: Any, api: str, depth: int = 0) -> tuple[list[Any], tuple[int,
         return [data], (), _foreign_dtype(data) or _DEFAULT_FOR_KIND[_scalar_kind(data, api)]
     if len(data) == 0:
         return [], (0,), None
+    leaf_types = set(map(type, data))
+    if leaf_types <= _PYTHON_SCALARS.keys():  # a flat run of Python numbers: no recursion per element
+        kind = max((_PYTHON_SCALARS[t] for t in leaf_types), key="bifc".index)
+        return list(data), (len(data),), _DEFAULT_FOR_KIND[kind]
     parts = [_flatten(item, api, depth + 1) for item in data]
     first_shape = parts[0][1]
     for i, part in enumerate(parts):
