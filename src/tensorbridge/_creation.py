@@ -33,11 +33,18 @@ __all__ = [
 ]
 
 # PyTorch's defaults: torch.get_default_dtype() is float32; complex follows it.
-_DEFAULT_FOR_KIND = {"b": _dtype.bool, "i": _dtype.int64, "f": _dtype.float32, "c": _dtype.complex64}
+_DEFAULT_FOR_KIND = {
+    "b": _dtype.bool,
+    "i": _dtype.int64,
+    "f": _dtype.float32,
+    "c": _dtype.complex64,
+}
 # PyTorch promotes these only with themselves (c10/core/ScalarType.cpp promoteTypes).
 _BARELY_PROMOTED = frozenset({_dtype.uint16, _dtype.uint32, _dtype.uint64})
 _COMPLEX_OF = {
-    _dtype.float16: _dtype.complex32, _dtype.float32: _dtype.complex64, _dtype.float64: _dtype.complex128,
+    _dtype.float16: _dtype.complex32,
+    _dtype.float32: _dtype.complex64,
+    _dtype.float64: _dtype.complex128,
 }
 _REAL_OF = {c: f for f, c in _COMPLEX_OF.items()}
 
@@ -55,8 +62,10 @@ def _scalar_kind(value: Any, api: str) -> str:
         return "i"
     if hasattr(value, "__float__"):
         return "f"
-    msg = (f"{api}(): Could not infer dtype of {type(value).__name__}; got {value!r}. "
-           f"Elements must be bool, int, float or complex.")
+    msg = (
+        f"{api}(): Could not infer dtype of {type(value).__name__}; got {value!r}. "
+        f"Elements must be bool, int, float or complex."
+    )
     raise TypeError(msg)
 
 
@@ -80,8 +89,10 @@ def _promote(a: DType, b: DType, api: str) -> DType:
     elif _dtype.float4_e2m1fn_x2 in (a, b):
         refused = "Float4 types"
     if refused is not None:
-        msg = (f"{api}(): Promotion for {refused} is not supported, attempted to promote {a} and {b}. "
-               f"Pass dtype= explicitly.")
+        msg = (
+            f"{api}(): Promotion for {refused} is not supported, attempted to promote {a} and {b}. "
+            f"Pass dtype= explicitly."
+        )
         raise TypeError(msg)
     if a.kind == "b" or b.kind == "b":
         return b if a.kind == "b" else a
@@ -92,7 +103,9 @@ def _promote(a: DType, b: DType, api: str) -> DType:
         real = _promote(lo, _REAL_OF[hi], api) if lo.kind in "fc" else _REAL_OF[hi]
         return _COMPLEX_OF[_REAL_OF.get(real, real)]
     if hi.kind == "f":
-        return _dtype.float32 if lo.kind == "f" and lo.itemsize == hi.itemsize else hi  # float16 + bfloat16
+        return (
+            _dtype.float32 if lo.kind == "f" and lo.itemsize == hi.itemsize else hi
+        )  # float16 + bfloat16
     if _dtype.uint8 not in (a, b):  # two signed ints
         return hi
     signed = b if a is _dtype.uint8 else a
@@ -107,7 +120,9 @@ def _is_float8(dtype: DType) -> bool:
 _PYTHON_SCALARS: Final = {builtins.bool: "b", int: "i", builtins.float: "f", complex: "c"}
 
 
-def _flatten(data: Any, api: str, depth: int = 0) -> tuple[list[Any], tuple[int, ...], DType | None]:
+def _flatten(
+    data: Any, api: str, depth: int = 0
+) -> tuple[list[Any], tuple[int, ...], DType | None]:
     """Flatten nested sequences (and tensors inside them) row-major, inferring PyTorch's dtype.
 
     Returns the values, the shape and the promoted dtype of the leaves (None when there are none):
@@ -125,17 +140,21 @@ def _flatten(data: Any, api: str, depth: int = 0) -> tuple[list[Any], tuple[int,
     if len(data) == 0:
         return [], (0,), None
     leaf_types = set(map(type, data))
-    if leaf_types <= _PYTHON_SCALARS.keys():  # a flat run of Python numbers: no recursion per element
+    if (
+        leaf_types <= _PYTHON_SCALARS.keys()
+    ):  # a flat run of Python numbers: no recursion per element
         kind = max((_PYTHON_SCALARS[t] for t in leaf_types), key="bifc".index)
         return list(data), (len(data),), _DEFAULT_FOR_KIND[kind]
     parts = [_flatten(item, api, depth + 1) for item in data]
     first_shape = parts[0][1]
     for i, part in enumerate(parts):
         if part[1] != first_shape:
-            msg = (f"{api}(): expected sequence of length {first_shape[0] if first_shape else 0} at dim "
-                   f"{depth + 1} (got {part[1][0] if part[1] else 0}); element {i} at dim {depth} has shape "
-                   f"{list(part[1])}, element 0 has shape {list(first_shape)}. Nested sequences must be "
-                   f"rectangular.")
+            msg = (
+                f"{api}(): expected sequence of length {first_shape[0] if first_shape else 0} at dim "
+                f"{depth + 1} (got {part[1][0] if part[1] else 0}); element {i} at dim {depth} has shape "
+                f"{list(part[1])}, element 0 has shape {list(first_shape)}. Nested sequences must be "
+                f"rectangular."
+            )
             raise ValueError(msg)
     values = [v for part in parts for v in part[0]]
     dtypes = [p[2] for p in parts if p[2] is not None]
@@ -155,8 +174,10 @@ def _check_values(values: list[Any], dtype: DType, api: str) -> None:
     if dtype.kind not in "bc":
         for v in values:
             if isinstance(v, complex):
-                msg = (f"{api}(): must be real number, not complex; got {v!r} for dtype {dtype}. "
-                       f"Pass a complex dtype or the real parts.")
+                msg = (
+                    f"{api}(): must be real number, not complex; got {v!r} for dtype {dtype}. "
+                    f"Pass a complex dtype or the real parts."
+                )
                 raise TypeError(msg)
     if dtype.kind not in "iu":
         return
@@ -168,19 +189,26 @@ def _check_values(values: list[Any], dtype: DType, api: str) -> None:
     for v in values:
         lo = lows.get(type(v))
         if lo is not None and not lo <= v <= high:
-            reason = ("Overflow when unpacking long long" if dtype is _dtype.int64 and type(v) is int
-                      else f"value cannot be converted to type {dtype.name} without overflow")
-            msg = (f"{api}(): {reason}; got {v!r}, outside [{lo}, {high}] for dtype {dtype}. "
-                   f"Pass a wider dtype.")
+            reason = (
+                "Overflow when unpacking long long"
+                if dtype is _dtype.int64 and type(v) is int
+                else f"value cannot be converted to type {dtype.name} without overflow"
+            )
+            msg = (
+                f"{api}(): {reason}; got {v!r}, outside [{lo}, {high}] for dtype {dtype}. "
+                f"Pass a wider dtype."
+            )
             raise ValueError(msg)
 
 
 def _result_device(device: Any, api: str) -> Device:
     dev = CPU if device is None else as_device(device, api)
     if not dev.is_host_accessible:
-        msg = (f"{api}(): tensorbridge creates tensors in host memory only; got device={device!r}. "
-               f"Create the tensor on the host and export it with __dlpack__(dl_device=...) to a library "
-               f"for {dev.type}.")
+        msg = (
+            f"{api}(): tensorbridge creates tensors in host memory only; got device={device!r}. "
+            f"Create the tensor on the host and export it with __dlpack__(dl_device=...) to a library "
+            f"for {dev.type}."
+        )
         raise BufferError(msg)
     return dev
 
@@ -189,7 +217,9 @@ def _grad(t: Tensor, requires_grad: bool, api: str) -> Tensor:
     return t._set_requires_grad(True, api, GRAD_MSG_CREATE) if requires_grad else t
 
 
-def tensor(data: Any, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def tensor(
+    data: Any, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     """A new tensor holding a copy of ``data`` (nested sequences, scalars, or any object with memory).
 
     dtype inference follows PyTorch: bools -> bool, ints -> int64, floats -> float32, complex -> complex64,
@@ -204,15 +234,21 @@ def tensor(data: Any, *, dtype: DType | None = None, device: Any = None, require
     if dtype is not None:
         dtype = as_dtype(dtype, "tensor")
     dev = _result_device(device, "tensor")
-    if not isinstance(data, (Tensor, Sequence, numbers.Number)) and _convert.is_protocol_object(data):
-        return _convert.asarray(data, dtype=dtype, device=device, copy=True, requires_grad=requires_grad)
+    if not isinstance(data, (Tensor, Sequence, numbers.Number)) and _convert.is_protocol_object(
+        data
+    ):
+        return _convert.asarray(
+            data, dtype=dtype, device=device, copy=True, requires_grad=requires_grad
+        )
     values, shape, inferred = _flatten(data, "tensor")
     target = dtype or inferred or _dtype.float32
     if len(shape) > _layout.MAX_NDIM:
         msg = f"tensor(): at most {_layout.MAX_NDIM} dimensions are supported; got {len(shape)}."
         raise ValueError(msg)
     _check_values(values, target, "tensor")
-    return _grad(_from_bytes(_codec.pack(target, values), shape, target, dev), requires_grad, "tensor")
+    return _grad(
+        _from_bytes(_codec.pack(target, values), shape, target, dev), requires_grad, "tensor"
+    )
 
 
 def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tensor:
@@ -220,15 +256,18 @@ def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tens
     return _convert.asarray(data, dtype=dtype, device=device)
 
 
-def _filled(shape: tuple[int, ...], value: Any, dtype: DType, device: Device, requires_grad: bool,
-            api: str) -> Tensor:
+def _filled(
+    shape: tuple[int, ...], value: Any, dtype: DType, device: Device, requires_grad: bool, api: str
+) -> Tensor:
     """A new tensor holding ``value`` everywhere."""
     _codec.check_scalar(dtype, value, api, numel=math.prod(shape))
     data = _codec.pack(dtype, [value]) * math.prod(shape)
     return _grad(_from_bytes(data, shape, dtype, device), requires_grad, api)
 
 
-def _zeroed(shape: tuple[int, ...], dtype: DType, device: Device, requires_grad: bool, api: str) -> Tensor:
+def _zeroed(
+    shape: tuple[int, ...], dtype: DType, device: Device, requires_grad: bool, api: str
+) -> Tensor:
     """A new tensor of all-zero bytes: zero in every dtype (PyTorch's ``zeros`` is a memset too).
 
     New storage is zero-filled already, so nothing is packed or copied.
@@ -238,31 +277,49 @@ def _zeroed(shape: tuple[int, ...], dtype: DType, device: Device, requires_grad:
     return _grad(t, requires_grad, api)
 
 
-def _creation_args(size: Sequence[Any], dtype: Any, device: Any, api: str) -> tuple[tuple[int, ...], DType, Device]:
+def _creation_args(
+    size: Sequence[Any], dtype: Any, device: Any, api: str
+) -> tuple[tuple[int, ...], DType, Device]:
     shape = _layout.as_shape(size, api)
-    return shape, as_dtype(dtype, api) if dtype is not None else _dtype.float32, _result_device(device, api)
+    return (
+        shape,
+        as_dtype(dtype, api) if dtype is not None else _dtype.float32,
+        _result_device(device, api),
+    )
 
 
-def zeros(*size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def zeros(
+    *size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     """A new tensor of zeros (float32 unless ``dtype`` says otherwise)."""
     shape, dt, dev = _creation_args(size, dtype, device, "zeros")
     return _zeroed(shape, dt, dev, requires_grad, "zeros")
 
 
-def ones(*size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def ones(
+    *size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     """A new tensor of ones (float32 unless ``dtype`` says otherwise)."""
     shape, dt, dev = _creation_args(size, dtype, device, "ones")
     return _filled(shape, 1, dt, dev, requires_grad, "ones")
 
 
-def empty(*size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def empty(
+    *size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     """A new tensor; tensorbridge memory is always zero-initialised, so this equals `zeros`."""
     shape, dt, dev = _creation_args(size, dtype, device, "empty")
     return _zeroed(shape, dt, dev, requires_grad, "empty")
 
 
-def full(size: Any, fill_value: Any, *, dtype: DType | None = None, device: Any = None,
-         requires_grad: bool = False) -> Tensor:
+def full(
+    size: Any,
+    fill_value: Any,
+    *,
+    dtype: DType | None = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """A new tensor filled with ``fill_value``; dtype inferred from it as PyTorch does."""
     shape = _layout.as_shape((size,), "full")
     if dtype is None:
@@ -277,37 +334,58 @@ def _like(t: Tensor, dtype: Any, device: Any, api: str) -> tuple[tuple[int, ...]
         msg = f"{api}(): expected a tensorbridge Tensor; got {type(t).__name__}."
         raise TypeError(msg)
     dt = t.dtype if dtype is None else as_dtype(dtype, api)
-    dev = _result_device(t.device if device is None and t.device.is_host_accessible else device, api)
+    dev = _result_device(
+        t.device if device is None and t.device.is_host_accessible else device, api
+    )
     return tuple(t.shape), dt, dev
 
 
-def zeros_like(t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def zeros_like(
+    t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     """Zeros with ``t``'s shape (and dtype unless given)."""
     shape, dt, dev = _like(t, dtype, device, "zeros_like")
     return _zeroed(shape, dt, dev, requires_grad, "zeros_like")
 
 
-def ones_like(t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def ones_like(
+    t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     """Ones with ``t``'s shape (and dtype unless given)."""
     shape, dt, dev = _like(t, dtype, device, "ones_like")
     return _filled(shape, 1, dt, dev, requires_grad, "ones_like")
 
 
-def empty_like(t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def empty_like(
+    t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     """A zeroed tensor with ``t``'s shape (and dtype unless given)."""
     shape, dt, dev = _like(t, dtype, device, "empty_like")
     return _zeroed(shape, dt, dev, requires_grad, "empty_like")
 
 
-def full_like(t: Tensor, fill_value: Any, *, dtype: DType | None = None, device: Any = None,
-              requires_grad: bool = False) -> Tensor:
+def full_like(
+    t: Tensor,
+    fill_value: Any,
+    *,
+    dtype: DType | None = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """``fill_value`` everywhere, with ``t``'s shape (and dtype unless given)."""
     shape, dt, dev = _like(t, dtype, device, "full_like")
     return _filled(shape, fill_value, dt, dev, requires_grad, "full_like")
 
 
-def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: DType | None = None, device: Any = None,
-           requires_grad: bool = False) -> Tensor:
+def arange(
+    start: Any,
+    end: Any = None,
+    step: Any = 1,
+    *,
+    dtype: DType | None = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """Values from ``start`` (inclusive) to ``end`` (exclusive) by ``step``.
 
     Length and values follow PyTorch: ``ceil((end - start) / step)`` elements computed in double
@@ -320,7 +398,9 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: DType | None = 
     """
     if end is None:
         start, end = 0, start
-    start, end, step = (_arange_scalar(v, name) for name, v in (("start", start), ("end", end), ("step", step)))
+    start, end, step = (
+        _arange_scalar(v, name) for name, v in (("start", start), ("end", end), ("step", step))
+    )
     # PyTorch validates in double precision, in this order (RangeUtils.h arange_check_bounds).
     dstart, dend, dstep = builtins.float(start), builtins.float(end), builtins.float(step)
     if not (dstep > 0 or dstep < 0):
@@ -330,14 +410,22 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: DType | None = 
         msg = f"arange(): unsupported range: {start} -> {end}; start and end must be finite."
         raise ValueError(msg)
     if not ((dstep > 0 and dend >= dstart) or (dstep < 0 and dend <= dstart)):
-        msg = (f"arange(): upper bound and lower bound inconsistent with step sign; got start={start!r}, "
-               f"end={end!r}, step={step!r}. Swap start and end or negate step.")
+        msg = (
+            f"arange(): upper bound and lower bound inconsistent with step sign; got start={start!r}, "
+            f"end={end!r}, step={step!r}. Swap start and end or negate step."
+        )
         raise ValueError(msg)
     is_float = any(not isinstance(v, numbers.Integral) for v in (start, end, step))
-    dt = as_dtype(dtype, "arange") if dtype is not None else (_dtype.float32 if is_float else _dtype.int64)
+    dt = (
+        as_dtype(dtype, "arange")
+        if dtype is not None
+        else (_dtype.float32 if is_float else _dtype.int64)
+    )
     values = _arange_values(start, end, step, dt)
     dev = _result_device(device, "arange")
-    return _grad(_from_bytes(_codec.pack(dt, values), (len(values),), dt, dev), requires_grad, "arange")
+    return _grad(
+        _from_bytes(_codec.pack(dt, values), (len(values),), dt, dev), requires_grad, "arange"
+    )
 
 
 def _arange_scalar(value: Any, name: str) -> Any:

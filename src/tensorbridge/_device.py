@@ -54,7 +54,12 @@ _ALIASES: Final[dict[str, str]] = {"mps": "metal", "xpu": "oneapi", "hip": "rocm
 
 # Memory a host CPU may read and write directly (the set NumPy's from_dlpack accepts).
 _HOST_ACCESSIBLE: Final = frozenset(
-    {DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost, DLDeviceType.kDLROCMHost, DLDeviceType.kDLCUDAManaged}
+    {
+        DLDeviceType.kDLCPU,
+        DLDeviceType.kDLCUDAHost,
+        DLDeviceType.kDLROCMHost,
+        DLDeviceType.kDLCUDAManaged,
+    }
 )
 
 
@@ -71,32 +76,40 @@ class Device:
     _type: str
     _index: int | None
 
-    def __new__(cls, type: Device | str, index: int | None = None) -> Device:  # noqa: A002 (torch's name)
+    def __new__(cls, type: Device | str, index: int | None = None) -> Device:
         if isinstance(type, Device):
             if index is not None:
                 msg = f"device(): index given twice; got {type!r} and index={index!r}. Pass one of them."
                 raise TypeError(msg)
             return type
         if not isinstance(type, str):
-            msg = (f"device(): expected a device string such as 'cpu' or 'cuda:0'; got "
-                   f"{type!r} ({builtins_type_name(type)}).")
+            msg = (
+                f"device(): expected a device string such as 'cpu' or 'cuda:0'; got "
+                f"{type!r} ({builtins_type_name(type)})."
+            )
             raise TypeError(msg)
         name, sep, idx = type.partition(":")
         if sep:
             if index is not None:
-                msg = (f"device(): type (string) must not include an index because index was passed "
-                       f"explicitly: {type}; got index={index!r} too. Pass one of them.")
+                msg = (
+                    f"device(): type (string) must not include an index because index was passed "
+                    f"explicitly: {type}; got index={index!r} too. Pass one of them."
+                )
                 raise ValueError(msg)
             # ASCII digits without a leading zero, as PyTorch's parser ("cuda:01" is invalid there).
             if not (idx.isascii() and idx.isdigit()) or (len(idx) > 1 and idx[0] == "0"):
-                msg = (f"device(): Invalid device string: {type!r}; expected 'type' or 'type:index' like "
-                       f"'cuda:0'.")
+                msg = (
+                    f"device(): Invalid device string: {type!r}; expected 'type' or 'type:index' like "
+                    f"'cuda:0'."
+                )
                 raise ValueError(msg)
             index = int(idx)
         name = _ALIASES.get(name, name)
         if name not in _TYPE_OF:
-            msg = (f"device(): Expected one of {', '.join(sorted(_TYPE_OF))} device type at start of device "
-                   f"string: {type}")
+            msg = (
+                f"device(): Expected one of {', '.join(sorted(_TYPE_OF))} device type at start of device "
+                f"string: {type}"
+            )
             raise ValueError(msg)
         if index is not None:
             if isinstance(index, bool) or not isinstance(index, int):
@@ -190,6 +203,8 @@ def as_device(value: object, api: str) -> Device:
         return Device(value)
     if isinstance(value, int) and not isinstance(value, bool):  # negative: Device raises ValueError
         return Device("cuda", value)
-    msg = (f"{api}(): device must be a tensorbridge.device or a string like 'cpu' or 'cuda:0'; "
-           f"got {value!r} ({type(value).__name__}).")
+    msg = (
+        f"{api}(): device must be a tensorbridge.device or a string like 'cpu' or 'cuda:0'; "
+        f"got {value!r} ({type(value).__name__})."
+    )
     raise TypeError(msg)

@@ -144,12 +144,20 @@ class DType:
 
 
 def _spec(
-    name: str, itemsize: builtins.int, kind: str, fmt: str | None, typestr: str | None, code: builtins.int,
-    bits: builtins.int | None = None, lanes: builtins.int = 1,
+    name: str,
+    itemsize: builtins.int,
+    kind: str,
+    fmt: str | None,
+    typestr: str | None,
+    code: builtins.int,
+    bits: builtins.int | None = None,
+    lanes: builtins.int = 1,
 ) -> DType:
     if typestr is not None:
         typestr = ("|" if itemsize == 1 else _BYTE_ORDER) + typestr
-    return DType(name, itemsize, kind, fmt, typestr, (code, 8 * itemsize if bits is None else bits, lanes))
+    return DType(
+        name, itemsize, kind, fmt, typestr, (code, 8 * itemsize if bits is None else bits, lanes)
+    )
 
 
 # The one list. Order is PyTorch's promotion-free listing order; nothing depends on it.
@@ -222,8 +230,15 @@ cdouble: Final = complex128
 ALL_DTYPES: Final[tuple[DType, ...]] = _SPECS
 BY_NAME: Final[dict[str, DType]] = {
     **{d.name: d for d in _SPECS},
-    "half": half, "float": float, "double": double, "short": short, "int": int, "long": long,
-    "chalf": chalf, "cfloat": cfloat, "cdouble": cdouble,
+    "half": half,
+    "float": float,
+    "double": double,
+    "short": short,
+    "int": int,
+    "long": long,
+    "chalf": chalf,
+    "cfloat": cfloat,
+    "cdouble": cdouble,
 }
 BY_DLPACK: Final[dict[tuple[builtins.int, builtins.int, builtins.int], DType]] = {
     d.dlpack: d for d in _SPECS
@@ -269,7 +284,10 @@ def as_dtype(value: object, api: str, argname: str = "dtype") -> DType:
     """Validate a ``dtype=`` argument: a `DType`, or the name of one (``"float32"``)."""
     if isinstance(value, DType):
         return value
-    if isinstance(value, str) and value.removeprefix("tensorbridge.").removeprefix("torch.") in BY_NAME:
+    if (
+        isinstance(value, str)
+        and value.removeprefix("tensorbridge.").removeprefix("torch.") in BY_NAME
+    ):
         return BY_NAME[value.removeprefix("tensorbridge.").removeprefix("torch.")]
     msg = (
         f"{api}(): argument '{argname}' must be tensorbridge.dtype, not {type(value).__name__}; "

@@ -32,8 +32,13 @@ _O_BINARY: Final[int] = getattr(os, "O_BINARY", 0)
 
 
 def from_file(
-    filename: str | bytes | os.PathLike[Any], shared: bool | None = None, size: int = 0, *,
-    dtype: DType | None = None, requires_grad: bool = False, offset: int = 0,
+    filename: str | bytes | os.PathLike[Any],
+    shared: bool | None = None,
+    size: int = 0,
+    *,
+    dtype: DType | None = None,
+    requires_grad: bool = False,
+    offset: int = 0,
     mode: str | None = None,
 ) -> Tensor:
     """A 1-D tensor of ``size`` elements over a memory-mapped file, as ``torch.from_file``.
@@ -81,8 +86,10 @@ def from_file(
         raise RuntimeError(msg)
     nbytes = size * dtype.itemsize
     if size < 0:
-        msg = (f"{_API}(): unable to mmap {nbytes} bytes from file <{os.fsdecode(path)}>: Cannot "
-               f"allocate memory (12); size must be a non-negative number of elements, got {size}.")
+        msg = (
+            f"{_API}(): unable to mmap {nbytes} bytes from file <{os.fsdecode(path)}>: Cannot "
+            f"allocate memory (12); size must be a non-negative number of elements, got {size}."
+        )
         raise RuntimeError(msg)
     if offset < 0:
         msg = f"{_API}(): offset must be a non-negative number of bytes; got {offset}."
@@ -92,8 +99,14 @@ def from_file(
         storage = allocate(0)
         storage.readonly = readonly
     else:
-        storage = _map(path, offset, nbytes, writable_file=shared and not readonly,
-                       copy_on_write=not shared, readonly=readonly)
+        storage = _map(
+            path,
+            offset,
+            nbytes,
+            writable_file=shared and not readonly,
+            copy_on_write=not shared,
+            readonly=readonly,
+        )
     return Tensor._make(storage, 0, (size,), (1,), dtype, requires_grad)
 
 
@@ -101,29 +114,42 @@ def _as_path(filename: object) -> str | bytes:
     try:
         return os.fspath(filename)  # type: ignore[call-overload]
     except TypeError:
-        msg = (f"{_API}(): argument 'filename' (position 1) must be str, bytes or os.PathLike, "
-               f"not {type(filename).__name__}; got {filename!r}.")
+        msg = (
+            f"{_API}(): argument 'filename' (position 1) must be str, bytes or os.PathLike, "
+            f"not {type(filename).__name__}; got {filename!r}."
+        )
         raise TypeError(msg) from None
 
 
 def _as_shared(shared: object) -> bool:
     if shared is None or shared.__class__ is bool:
         return shared is True
-    msg = (f"{_API}(): argument 'shared' (position 2) must be bool, not {type(shared).__name__}; "
-           f"got {shared!r}.")
+    msg = (
+        f"{_API}(): argument 'shared' (position 2) must be bool, not {type(shared).__name__}; "
+        f"got {shared!r}."
+    )
     raise TypeError(msg)
 
 
 def _as_readonly(mode: object) -> bool:
     if mode not in _MODES:
-        msg = (f"{_API}(): mode must be None (the mapping `shared` selects) or 'r' (read-only); "
-               f"got {mode!r}.")
+        msg = (
+            f"{_API}(): mode must be None (the mapping `shared` selects) or 'r' (read-only); "
+            f"got {mode!r}."
+        )
         raise ValueError(msg)
     return mode == "r"
 
 
-def _map(path: str | bytes, offset: int, nbytes: int, *, writable_file: bool,
-         copy_on_write: bool, readonly: bool) -> Storage:
+def _map(
+    path: str | bytes,
+    offset: int,
+    nbytes: int,
+    *,
+    writable_file: bool,
+    copy_on_write: bool,
+    readonly: bool,
+) -> Storage:
     """Map ``[offset, offset + nbytes)`` of the file and hold the mapping for a new storage."""
     name = os.fsdecode(path)
     flags = os.O_RDWR | os.O_CREAT if writable_file else os.O_RDONLY
@@ -137,26 +163,37 @@ def _map(path: str | bytes, offset: int, nbytes: int, *, writable_file: bool,
         required = offset + nbytes
         status = os.fstat(fd)
         if stat.S_ISDIR(status.st_mode):
-            msg = (f"{_API}(): unable to mmap {nbytes} bytes from file <{name}>: "
-                   f"{os.strerror(errno.EISDIR)} ({errno.EISDIR})")
+            msg = (
+                f"{_API}(): unable to mmap {nbytes} bytes from file <{name}>: "
+                f"{os.strerror(errno.EISDIR)} ({errno.EISDIR})"
+            )
             raise RuntimeError(msg)
         if status.st_size < required:
             if not writable_file:
                 grow = "" if readonly else ", or pass shared=True to grow the file"
-                msg = (f"{_API}(): file <{name}> size <{status.st_size}> is smaller than the "
-                       f"required mapping size <{required}> (offset {offset} bytes + {nbytes} "
-                       f"bytes of elements); map fewer elements{grow}.")
+                msg = (
+                    f"{_API}(): file <{name}> size <{status.st_size}> is smaller than the "
+                    f"required mapping size <{required}> (offset {offset} bytes + {nbytes} "
+                    f"bytes of elements); map fewer elements{grow}."
+                )
                 raise RuntimeError(msg)
             os.ftruncate(fd, required)  # grows the file sparsely: no byte is written
         # mmap offsets are multiples of the allocation granularity; the storage starts past them.
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        access = (mmap.ACCESS_READ if readonly
-                  else mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_WRITE)
+        access = (
+            mmap.ACCESS_READ
+            if readonly
+            else mmap.ACCESS_COPY
+            if copy_on_write
+            else mmap.ACCESS_WRITE
+        )
         try:
             mapping = mmap.mmap(fd, required - start, access=access, offset=start)
         except OSError as exc:
-            msg = (f"{_API}(): unable to mmap {nbytes} bytes from file <{name}>: {exc.strerror} "
-                   f"({exc.errno})")
+            msg = (
+                f"{_API}(): unable to mmap {nbytes} bytes from file <{name}>: {exc.strerror} "
+                f"({exc.errno})"
+            )
             raise RuntimeError(msg) from None
     finally:
         os.close(fd)  # the mapping keeps a descriptor of its own

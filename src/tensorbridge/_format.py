@@ -116,7 +116,7 @@ def _check_options(profile: object, counts: dict[str, object], sci_mode: object)
         raise TypeError(msg)
 
 
-def set_printoptions(  # noqa: PLR0917 (PyTorch's positional signature)
+def set_printoptions(
     precision: int | None = None,
     threshold: float | None = None,
     edgeitems: int | None = None,

@@ -40,12 +40,18 @@ def _index_array(item: Any, api: str) -> tuple[list[Any], tuple[int, ...], str] 
 
     if isinstance(item, Tensor):
         if item.dtype.kind not in "biu":
-            msg = (f"{api}(): tensors used as indices must be long, int, byte or bool tensors; "
-                   f"got a tensor of dtype {item.dtype}.")
+            msg = (
+                f"{api}(): tensors used as indices must be long, int, byte or bool tensors; "
+                f"got a tensor of dtype {item.dtype}."
+            )
             raise IndexError(msg)
         flat = item.reshape(-1).tolist()
         return flat, tuple(item.shape), "b" if item.dtype.kind == "b" else "i"
-    if isinstance(item, list) or hasattr(item, "__array_interface__") or hasattr(item, "__dlpack__"):
+    if (
+        isinstance(item, list)
+        or hasattr(item, "__array_interface__")
+        or hasattr(item, "__dlpack__")
+    ):
         from ._creation import tensor
 
         try:
@@ -59,10 +65,8 @@ def _index_array(item: Any, api: str) -> tuple[list[Any], tuple[int, ...], str] 
     return None
 
 
-def parse_index(
-    key: Any, shape: Sequence[int], strides: Sequence[int], api: str = "__getitem__"
-) -> BasicView:
-    """Apply ``key`` to a layout; advanced entries keep their dim and are returned for the caller."""
+def _normalize(key: Any, api: str) -> list[Any]:
+    """Each subscript item as an int, slice, None, Ellipsis, bool, or an ("int"|"mask", values, shape)."""
     items = key if isinstance(key, tuple) else (key,)
     expanded: list[Any] = []
     for item in items:
@@ -76,8 +80,10 @@ def parse_index(
                 if isinstance(item, SupportsIndex):  # 0-d integer tensors of foreign libraries
                     expanded.append(operator.index(item))
                     continue
-                msg = (f"{api}(): only integers, slices (`:`), ellipsis (`...`), None and long or "
-                       f"byte Variables are valid indices; got {item!r} ({type(item).__name__}).")
+                msg = (
+                    f"{api}(): only integers, slices (`:`), ellipsis (`...`), None and long or "
+                    f"byte Variables are valid indices; got {item!r} ({type(item).__name__})."
+                )
                 raise IndexError(msg)
             values, ishape, kind = arr
             if not ishape:
@@ -88,7 +94,11 @@ def parse_index(
                 expanded.append(("mask", values, ishape))
             else:
                 expanded.append(("int", values, ishape))
+    return expanded
 
+
+def _count_consumed(expanded: list[Any], ndim: int, api: str) -> int:
+    """How many tensor dimensions the items index; more than ``ndim``, or two ellipses, is an error."""
     consumed = sum(
         len(it[2]) if isinstance(it, tuple) and it[0] == "mask" else 1
         for it in expanded
@@ -97,9 +107,19 @@ def parse_index(
     if sum(1 for it in expanded if it is Ellipsis) > 1:
         msg = f"{api}(): an index can only have a single ellipsis ('...')"
         raise IndexError(msg)
-    if consumed > len(shape):
-        msg = f"{api}(): too many indices for tensor of dimension {len(shape)}"
+    if consumed > ndim:
+        msg = f"{api}(): too many indices for tensor of dimension {ndim}"
         raise IndexError(msg)
+    return consumed
+
+
+def parse_index(
+    key: Any, shape: Sequence[int], strides: Sequence[int], api: str = "__getitem__"
+) -> BasicView:
+    """Apply ``key`` to a layout; advanced entries keep their dim and are returned for the caller."""
+    expanded = _normalize(key, api)
+
+    consumed = _count_consumed(expanded, len(shape), api)
 
     offset = 0
     out_shape: list[int] = []
@@ -144,12 +164,7 @@ def parse_index(
             d += 1
         else:
             _, values, mshape = item
-            want = tuple(shape[d:d + len(mshape)])
-            if mshape != want:
-                msg = (f"{api}(): The shape of the mask {list(mshape)} at index {d} does not match the "
-                       f"shape of the indexed tensor {list(shape)} at index {d}")
-                raise IndexError(msg)
-            for k, coords in enumerate(_nonzero(values, mshape)):
+            for k, coords in enumerate(_mask_coordinates(values, mshape, shape, d, api)):
                 advanced.append(Advanced(len(out_shape), coords, (len(coords),)))
                 out_shape.append(shape[d + k])
                 out_strides.append(strides[d + k])
@@ -180,6 +195,19 @@ def _check_bounds(values: Sequence[int], size: int, dim: int, api: str) -> list[
             raise IndexError(msg)
         out.append(v % size)
     return out
+
+
+def _mask_coordinates(
+    values: Sequence[bool], mshape: tuple[int, ...], shape: Sequence[int], d: int, api: str
+) -> list[tuple[int, ...]]:
+    """Coordinates selected by a boolean mask applied at dimension ``d``; its shape must match."""
+    if mshape != tuple(shape[d : d + len(mshape)]):
+        msg = (
+            f"{api}(): The shape of the mask {list(mshape)} at index {d} does not match the "
+            f"shape of the indexed tensor {list(shape)} at index {d}"
+        )
+        raise IndexError(msg)
+    return _nonzero(values, mshape)
 
 
 def _nonzero(values: Sequence[bool], shape: Sequence[int]) -> list[tuple[int, ...]]:

@@ -58,8 +58,10 @@ def as_shape(args: Sequence[Any], api: str) -> tuple[int, ...]:
     shape = tuple(_as_int(s, api, "each size") for s in args)
     for s in shape:
         if s < 0:
-            msg = (f"{api}(): Trying to create tensor with negative dimension {s}: {list(shape)}. "
-                   f"Dimension size must be non-negative.")
+            msg = (
+                f"{api}(): Trying to create tensor with negative dimension {s}: {list(shape)}. "
+                f"Dimension size must be non-negative."
+            )
             raise ValueError(msg)
     if len(shape) > MAX_NDIM:
         msg = f"{api}(): at most {MAX_NDIM} dimensions are supported; got {len(shape)}."
@@ -132,8 +134,10 @@ def infer_shape(numel: int, shape: Sequence[int], api: str) -> tuple[int, ...]:
                 raise ValueError(msg)
             infer_at = i
         elif s < 0:
-            msg = (f"{api}(): invalid shape dimension {s} at index {i} of shape {list(shape)}; "
-                   f"sizes must be non-negative, or -1 for one inferred dimension.")
+            msg = (
+                f"{api}(): invalid shape dimension {s} at index {i} of shape {list(shape)}; "
+                f"sizes must be non-negative, or -1 for one inferred dimension."
+            )
             raise ValueError(msg)
         else:
             known *= s
@@ -141,8 +145,10 @@ def infer_shape(numel: int, shape: Sequence[int], api: str) -> tuple[int, ...]:
     if infer_at is None and known == numel:
         return tuple(result)
     if infer_at is not None and numel == known == 0:
-        msg = (f"{api}(): cannot reshape tensor of 0 elements into shape {list(shape)} because the "
-               f"unspecified dimension size -1 can be any value and is ambiguous. Give every size.")
+        msg = (
+            f"{api}(): cannot reshape tensor of 0 elements into shape {list(shape)} because the "
+            f"unspecified dimension size -1 can be any value and is ambiguous. Give every size."
+        )
         raise ValueError(msg)
     if infer_at is None or known == 0 or numel % known != 0:
         msg = f"{api}(): shape '{list(shape)}' is invalid for input of size {numel}"
@@ -199,8 +205,10 @@ def broadcast_shapes(*shapes: Sequence[int], api: str = "broadcast_shapes") -> t
                 if result[i] == 1:
                     result[i] = size
                 elif size != 1:
-                    msg = (f"{api}(): shape mismatch: objects cannot be broadcast to a single shape; "
-                           f"got {[list(s) for s in shapes]}.")
+                    msg = (
+                        f"{api}(): shape mismatch: objects cannot be broadcast to a single shape; "
+                        f"got {[list(s) for s in shapes]}."
+                    )
                     raise ValueError(msg)
     return tuple(result)
 
@@ -210,16 +218,20 @@ def expand_strides(
 ) -> tuple[int, ...]:
     """Strides viewing ``(shape, strides)`` broadcast to ``target``; ``-1`` in target keeps a size."""
     if len(target) < len(shape):
-        msg = (f"{api}(): the number of sizes provided ({len(target)}) must be greater or equal to the "
-               f"number of dimensions in the tensor ({len(shape)})")
+        msg = (
+            f"{api}(): the number of sizes provided ({len(target)}) must be greater or equal to the "
+            f"number of dimensions in the tensor ({len(shape)})"
+        )
         raise ValueError(msg)
     lead = len(target) - len(shape)
     out: list[int] = []
     for i, want in enumerate(target):
         if i < lead:
             if want < 0:
-                msg = (f"{api}(): The expanded size of the tensor ({want}) isn't allowed in a leading, "
-                       f"non-existing dimension {i}")
+                msg = (
+                    f"{api}(): The expanded size of the tensor ({want}) isn't allowed in a leading, "
+                    f"non-existing dimension {i}"
+                )
                 raise ValueError(msg)
             out.append(0)
             continue
@@ -229,9 +241,11 @@ def expand_strides(
         elif size == 1 and want >= 0:
             out.append(0)
         else:
-            msg = (f"{api}(): The expanded size of the tensor ({want}) must match the existing size "
-                   f"({size}) at non-singleton dimension {i}.  Target sizes: {list(target)}.  "
-                   f"Tensor sizes: {list(shape)}")
+            msg = (
+                f"{api}(): The expanded size of the tensor ({want}) must match the existing size "
+                f"({size}) at non-singleton dimension {i}.  Target sizes: {list(target)}.  "
+                f"Tensor sizes: {list(shape)}"
+            )
             raise ValueError(msg)
     return tuple(out)
 
@@ -247,7 +261,9 @@ def coalesce(
     new_shape: list[int] = []
     new_strides: list[list[int]] = [[] for _ in stride_sets]
     for i in dims:
-        if new_shape and all(st[-1] == ss[i] * shape[i] for st, ss in zip(new_strides, stride_sets)):
+        if new_shape and all(
+            st[-1] == ss[i] * shape[i] for st, ss in zip(new_strides, stride_sets)
+        ):
             new_shape[-1] *= shape[i]
             for st, ss in zip(new_strides, stride_sets):
                 st[-1] = ss[i]

@@ -47,9 +47,14 @@ def _run(start: int, step: int, count: int) -> slice:
 
 
 def copy_region(
-    dst: memoryview, dst_offset: int, dst_strides: Sequence[int],
-    src: memoryview, src_offset: int, src_strides: Sequence[int],
-    shape: Sequence[int], itemsize: int,
+    dst: memoryview,
+    dst_offset: int,
+    dst_strides: Sequence[int],
+    src: memoryview,
+    src_offset: int,
+    src_strides: Sequence[int],
+    shape: Sequence[int],
+    itemsize: int,
 ) -> None:
     """Copy ``shape`` elements of ``itemsize`` bytes from a strided source to a strided destination.
 
@@ -60,7 +65,8 @@ def copy_region(
         return
     if any(n > 1 and st == 0 for n, st in zip(shape, dst_strides)):
         shape, dst_strides, src_offset, src_strides = _last_write_wins(
-            shape, dst_strides, src_offset, src_strides)
+            shape, dst_strides, src_offset, src_strides
+        )
     shape, (dst_strides, src_strides) = coalesce(shape, dst_strides, src_strides)
     if not shape:
         shape, dst_strides, src_strides = (1,), (1,), (1,)
@@ -73,10 +79,10 @@ def copy_region(
         d0 = (dst_offset + d_off) * k
         s0 = (src_offset + s_off) * k
         if ds == k and ss == k:
-            dw[d0:d0 + n * k] = sw[s0:s0 + n * k]
+            dw[d0 : d0 + n * k] = sw[s0 : s0 + n * k]
         elif ss == 0:
             for j in range(k):
-                repeated = memoryview(sw[s0 + j:s0 + j + 1].tobytes() * n).cast(dw.format)
+                repeated = memoryview(sw[s0 + j : s0 + j + 1].tobytes() * n).cast(dw.format)
                 dw[_run(d0 + j, ds, n)] = repeated
         else:
             for j in range(k):
@@ -93,8 +99,12 @@ def _last_write_wins(
     """
     keep = [k for k, (n, st) in enumerate(zip(shape, dst_strides)) if not (n > 1 and st == 0)]
     src_offset += sum((shape[k] - 1) * src_strides[k] for k in range(len(shape)) if k not in keep)
-    return ([shape[k] for k in keep], [dst_strides[k] for k in keep], src_offset,
-            [src_strides[k] for k in keep])
+    return (
+        [shape[k] for k in keep],
+        [dst_strides[k] for k in keep],
+        src_offset,
+        [src_strides[k] for k in keep],
+    )
 
 
 def gather(
@@ -107,8 +117,21 @@ def gather(
 
 
 def scatter(
-    mv: memoryview, offset: int, strides: Sequence[int], shape: Sequence[int], itemsize: int,
+    mv: memoryview,
+    offset: int,
+    strides: Sequence[int],
+    shape: Sequence[int],
+    itemsize: int,
     data: bytes | bytearray | memoryview,
 ) -> None:
     """Write row-major packed ``data`` into a strided region."""
-    copy_region(mv, offset, strides, memoryview(data).cast("B"), 0, contiguous_strides(shape), shape, itemsize)
+    copy_region(
+        mv,
+        offset,
+        strides,
+        memoryview(data).cast("B"),
+        0,
+        contiguous_strides(shape),
+        shape,
+        itemsize,
+    )

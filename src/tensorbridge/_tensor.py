@@ -25,8 +25,12 @@ __all__ = ["Tensor"]
 
 # PyTorch words this error three ways, by entry point; each is kept verbatim.
 _GRAD_MSG = "only Tensors of floating point and complex dtype can require gradients"  # t.requires_grad = True
-_GRAD_MSG_METHOD = "only Tensors of floating point dtype can require gradients"  # t.requires_grad_()
-GRAD_MSG_CREATE = "Only Tensors of floating point and complex dtype can require gradients"  # tensor(...)
+_GRAD_MSG_METHOD = (
+    "only Tensors of floating point dtype can require gradients"  # t.requires_grad_()
+)
+GRAD_MSG_CREATE = (
+    "Only Tensors of floating point and complex dtype can require gradients"  # tensor(...)
+)
 
 
 class Tensor:
@@ -40,7 +44,15 @@ class Tensor:
     the object that owns the memory (see `tensorbridge._storage`).
     """
 
-    __slots__ = ("__weakref__", "_dtype", "_offset", "_requires_grad", "_shape", "_storage", "_strides")
+    __slots__ = (
+        "__weakref__",
+        "_dtype",
+        "_offset",
+        "_requires_grad",
+        "_shape",
+        "_storage",
+        "_strides",
+    )
 
     _storage: Storage
     _offset: int
@@ -50,13 +62,20 @@ class Tensor:
     _requires_grad: bool
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Tensor:
-        msg = ("Tensor() cannot be constructed directly; use tensorbridge.tensor(data), "
-               "tensorbridge.from_dlpack(obj), tensorbridge.frombuffer(buf, dtype=...) or tensorbridge.asarray(obj).")
+        msg = (
+            "Tensor() cannot be constructed directly; use tensorbridge.tensor(data), "
+            "tensorbridge.from_dlpack(obj), tensorbridge.frombuffer(buf, dtype=...) or tensorbridge.asarray(obj)."
+        )
         raise TypeError(msg)
 
     @classmethod
     def _make(
-        cls, storage: Storage, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType,
+        cls,
+        storage: Storage,
+        offset: int,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        dtype: DType,
         requires_grad: bool = False,
     ) -> Tensor:
         """Internal constructor, no validation: callers guarantee the layout lies inside the storage."""
@@ -71,7 +90,12 @@ class Tensor:
 
     @classmethod
     def _new(
-        cls, storage: Storage, offset: int, shape: Sequence[int], strides: Sequence[int], dtype: DType,
+        cls,
+        storage: Storage,
+        offset: int,
+        shape: Sequence[int],
+        strides: Sequence[int],
+        dtype: DType,
         api: str = "Tensor._new",
     ) -> Tensor:
         """Validated constructor: the layout must lie inside the storage (overflow-free Python ints)."""
@@ -177,8 +201,10 @@ class Tensor:
     def _set_requires_grad(self, requires_grad: bool, api: str, torch_text: str) -> Tensor:
         # RuntimeError, as PyTorch: the tensor's dtype (its state), not the argument, is at fault.
         if requires_grad and self._dtype.kind not in "fc":
-            msg = (f"{api}(): {torch_text}; got a tensor of dtype {self._dtype}. Floating point and complex "
-                   f"tensors can; convert first, e.g. to(tensorbridge.float32).")
+            msg = (
+                f"{api}(): {torch_text}; got a tensor of dtype {self._dtype}. Floating point and complex "
+                f"tensors can; convert first, e.g. to(tensorbridge.float32)."
+            )
             raise RuntimeError(msg)
         self._requires_grad = builtins.bool(requires_grad)
         return self
@@ -200,16 +226,20 @@ class Tensor:
         new_shape = _layout.infer_shape(self.numel(), _layout_args(shape, "view"), "view")
         strides = _layout.view_strides(self._shape, self._strides, new_shape)
         if strides is None:
-            msg = (f"view(): view size is not compatible with input tensor's size and stride (at least one "
-                   f"dimension spans across two contiguous subspaces). Use .reshape(...) instead. Got shape "
-                   f"{list(new_shape)} for sizes {list(self._shape)} and strides {list(self._strides)}.")
+            msg = (
+                f"view(): view size is not compatible with input tensor's size and stride (at least one "
+                f"dimension spans across two contiguous subspaces). Use .reshape(...) instead. Got shape "
+                f"{list(new_shape)} for sizes {list(self._shape)} and strides {list(self._strides)}."
+            )
             raise RuntimeError(msg)
         return self._view(self._offset, new_shape, strides)
 
     def _view_dtype(self, dtype: DType) -> Tensor:
         if dtype.itemsize != self._dtype.itemsize:
-            msg = (f"view(): viewing a tensor of {self._dtype} as {dtype} needs equal element sizes "
-                   f"({self._dtype.itemsize} != {dtype.itemsize}); got {dtype!r}.")
+            msg = (
+                f"view(): viewing a tensor of {self._dtype} as {dtype} needs equal element sizes "
+                f"({self._dtype.itemsize} != {dtype.itemsize}); got {dtype!r}."
+            )
             raise RuntimeError(msg)
         return Tensor._make(self._storage, self._offset, self._shape, self._strides, dtype)
 
@@ -230,23 +260,29 @@ class Tensor:
         if s > e:
             msg = "flatten() has invalid args: start_dim cannot come after end_dim"
             raise ValueError(msg)
-        shape = (*self._shape[:s], math.prod(self._shape[s:e + 1]), *self._shape[e + 1:])
+        shape = (*self._shape[:s], math.prod(self._shape[s : e + 1]), *self._shape[e + 1 :])
         return self.reshape(shape)
 
     def permute(self, *dims: Any) -> Tensor:
         """A view with the dimensions reordered."""
         given = _layout_args(dims, "permute")
         if len(given) != self.ndim:
-            msg = (f"permute(): number of dimensions in the tensor input does not match the length of the "
-                   f"desired ordering of dimensions i.e. input.dim() = {self.ndim} is not equal to "
-                   f"len(dims) = {len(given)}. Name every dimension once.")
+            msg = (
+                f"permute(): number of dimensions in the tensor input does not match the length of the "
+                f"desired ordering of dimensions i.e. input.dim() = {self.ndim} is not equal to "
+                f"len(dims) = {len(given)}. Name every dimension once."
+            )
             raise ValueError(msg)
         order = [_layout.normalize_dim(d, self.ndim, "permute") for d in given]
         if len(set(order)) != len(order):
-            msg = (f"permute(): duplicate dims are not allowed. Got dims {list(given)}; name each dimension "
-                   f"once.")
+            msg = (
+                f"permute(): duplicate dims are not allowed. Got dims {list(given)}; name each dimension "
+                f"once."
+            )
             raise ValueError(msg)
-        return self._view(self._offset, [self._shape[d] for d in order], [self._strides[d] for d in order])
+        return self._view(
+            self._offset, [self._shape[d] for d in order], [self._strides[d] for d in order]
+        )
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         """A view with two dimensions swapped."""
@@ -267,15 +303,19 @@ class Tensor:
         if self.ndim > 2:
             msg = f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D"
             raise RuntimeError(msg)
-        return self.transpose(0, 1) if self.ndim == 2 else self._view(self._offset, self._shape, self._strides)
+        return (
+            self.transpose(0, 1)
+            if self.ndim == 2
+            else self._view(self._offset, self._shape, self._strides)
+        )
 
     @property
-    def T(self) -> Tensor:  # noqa: N802 (PyTorch's name)
+    def T(self) -> Tensor:
         """All dimensions reversed."""
         return self.permute(list(range(self.ndim - 1, -1, -1)))
 
     @property
-    def mT(self) -> Tensor:  # noqa: N802 (PyTorch's name)
+    def mT(self) -> Tensor:
         """The last two dimensions swapped (a batch of matrix transposes)."""
         if self.ndim < 2:
             msg = f"tensor.mT is only supported on matrices or batches of matrices. Got {self.ndim}-D tensor."
@@ -290,14 +330,18 @@ class Tensor:
             dims = (dim,) if isinstance(dim, int) else tuple(dim)
             drop = {_layout.normalize_dim(d, self.ndim, "squeeze") for d in dims}
             keep = [i for i in range(self.ndim) if not (i in drop and self._shape[i] == 1)]
-        return self._view(self._offset, [self._shape[i] for i in keep], [self._strides[i] for i in keep])
+        return self._view(
+            self._offset, [self._shape[i] for i in keep], [self._strides[i] for i in keep]
+        )
 
     def unsqueeze(self, dim: int) -> Tensor:
         """Insert a size-1 dimension at ``dim``."""
         d = _layout.normalize_dim(dim, self.ndim + 1, "unsqueeze")
         stride = self._strides[d] * self._shape[d] if d < self.ndim else 1
         return self._view(
-            self._offset, (*self._shape[:d], 1, *self._shape[d:]), (*self._strides[:d], stride, *self._strides[d:])
+            self._offset,
+            (*self._shape[:d], 1, *self._shape[d:]),
+            (*self._strides[:d], stride, *self._strides[d:]),
         )
 
     def narrow(self, dim: int, start: int, length: int) -> Tensor:
@@ -312,14 +356,18 @@ class Tensor:
         d = _layout.normalize_dim(dim, self.ndim, "narrow")
         size = self._shape[d]
         if not -size <= start <= size:
-            msg = (f"narrow(): start out of range (expected to be in range of [{-size}, {size}], but got "
-                   f"{start})")
+            msg = (
+                f"narrow(): start out of range (expected to be in range of [{-size}, {size}], but got "
+                f"{start})"
+            )
             raise IndexError(msg)
         if start < 0:
             start += size
         if start + length > size:
-            msg = (f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({size}). "
-                   f"Choose a start and length inside dimension {d}.")
+            msg = (
+                f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({size}). "
+                f"Choose a start and length inside dimension {d}."
+            )
             raise ValueError(msg)
         shape = list(self._shape)
         shape[d] = length
@@ -329,7 +377,10 @@ class Tensor:
         """A broadcast view: size-1 dims repeat with stride 0, new leading dims are added."""
         target = _layout_args(sizes, "expand")
         strides = _layout.expand_strides(self._shape, self._strides, target, "expand")
-        shape = [s if s != -1 else self._shape[i - (len(target) - self.ndim)] for i, s in enumerate(target)]
+        shape = [
+            s if s != -1 else self._shape[i - (len(target) - self.ndim)]
+            for i, s in enumerate(target)
+        ]
         return self._view(self._offset, shape, strides)
 
     def expand_as(self, other: Tensor) -> Tensor:
@@ -339,17 +390,24 @@ class Tensor:
     def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
         """Views of each slice along ``dim``."""
         d = _layout.normalize_dim(dim, self.ndim, "unbind", scalar_ok=False)
-        shape = self._shape[:d] + self._shape[d + 1:]
-        strides = self._strides[:d] + self._strides[d + 1:]
-        return tuple(self._view(self._offset + i * self._strides[d], shape, strides) for i in range(self._shape[d]))
+        shape = self._shape[:d] + self._shape[d + 1 :]
+        strides = self._strides[:d] + self._strides[d + 1 :]
+        return tuple(
+            self._view(self._offset + i * self._strides[d], shape, strides)
+            for i in range(self._shape[d])
+        )
 
-    def as_strided(self, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Tensor:
+    def as_strided(
+        self, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
+    ) -> Tensor:
         """A view with an explicit layout, checked to lie inside the storage (PyTorch does not check)."""
         shape = _layout.as_shape((size,), "as_strided")
         strides = tuple(_layout_args((stride,), "as_strided"))
         if len(strides) != len(shape):
-            msg = (f"as_strided(): mismatch in length of strides and shape; got size {list(shape)} and "
-                   f"stride {list(strides)}.")
+            msg = (
+                f"as_strided(): mismatch in length of strides and shape; got size {list(shape)} and "
+                f"stride {list(strides)}."
+            )
             raise ValueError(msg)
         offset = self._offset if storage_offset is None else storage_offset
         check_bounds(self._storage, offset, shape, strides, self._dtype.itemsize, "as_strided")
@@ -357,7 +415,13 @@ class Tensor:
 
     # ------------------------------------------------------------------ element access
     def _region(self, api: str) -> tuple[memoryview, int, tuple[int, ...], tuple[int, ...], int]:
-        return self._storage.host_view(api), self._offset, self._strides, self._shape, self._dtype.itemsize
+        return (
+            self._storage.host_view(api),
+            self._offset,
+            self._strides,
+            self._shape,
+            self._dtype.itemsize,
+        )
 
     def _bytes(self, api: str) -> bytearray:
         """The elements packed row-major (host memory only)."""
@@ -370,8 +434,10 @@ class Tensor:
 
     def _check_writable(self, api: str) -> None:
         if self._storage.readonly:
-            msg = (f"{api}(): cannot write to a read-only tensor (its memory came from a read-only buffer "
-                   f"or a READ_ONLY DLPack capsule). Write to a clone() instead.")
+            msg = (
+                f"{api}(): cannot write to a read-only tensor (its memory came from a read-only buffer "
+                f"or a READ_ONLY DLPack capsule). Write to a clone() instead."
+            )
             raise ValueError(msg)
 
     def tolist(self) -> Any:
@@ -382,21 +448,27 @@ class Tensor:
     def item(self) -> Any:
         """The single element as a Python scalar."""
         if self.numel() != 1:
-            msg = (f"item(): a Tensor with {self.numel()} elements cannot be converted to Scalar. "
-                   f"Index one element first.")
+            msg = (
+                f"item(): a Tensor with {self.numel()} elements cannot be converted to Scalar. "
+                f"Index one element first."
+            )
             raise RuntimeError(msg)
         return self._values("item")[0]
 
     def __bool__(self) -> bool:
         if self.numel() != 1:
             amount = "more than one value" if self.numel() else "no values"
-            msg = (f"__bool__(): Boolean value of Tensor with {amount} is ambiguous; got {self.numel()} "
-                   f"elements. Test one element, or compare tolist().")
+            msg = (
+                f"__bool__(): Boolean value of Tensor with {amount} is ambiguous; got {self.numel()} "
+                f"elements. Test one element, or compare tolist()."
+            )
             raise RuntimeError(msg)
         return builtins.bool(self.item())
 
     def __int__(self) -> int:
-        return int(self._scalar("__int__").real if self._dtype.kind == "c" else self._scalar("__int__"))
+        return int(
+            self._scalar("__int__").real if self._dtype.kind == "c" else self._scalar("__int__")
+        )
 
     def __float__(self) -> float:
         return builtins.float(self._scalar("__float__"))
@@ -406,15 +478,19 @@ class Tensor:
 
     def __index__(self) -> int:
         if self._dtype.kind not in "iub" or self.numel() != 1:
-            msg = (f"__index__(): only integer tensors of a single element can be converted to an index; "
-                   f"got {self.numel()} element(s) of dtype {self._dtype}.")
+            msg = (
+                f"__index__(): only integer tensors of a single element can be converted to an index; "
+                f"got {self.numel()} element(s) of dtype {self._dtype}."
+            )
             raise TypeError(msg)
         return int(self.item())
 
     def _scalar(self, api: str) -> Any:
         if self.numel() != 1:
-            msg = (f"{api}(): only one element tensors can be converted to Python scalars; got "
-                   f"{self.numel()} elements. Index one element first.")
+            msg = (
+                f"{api}(): only one element tensors can be converted to Python scalars; got "
+                f"{self.numel()} elements. Index one element first."
+            )
             raise ValueError(msg)
         return self.item()
 
@@ -426,7 +502,9 @@ class Tensor:
 
     def __iter__(self) -> Iterator[Tensor]:
         if not self._shape:
-            msg = "iteration over a 0-d tensor; it has no first dimension. Use item() for its value."
+            msg = (
+                "iteration over a 0-d tensor; it has no first dimension. Use item() for its value."
+            )
             raise TypeError(msg)
         return iter(self.unbind(0))
 
@@ -444,15 +522,23 @@ class Tensor:
         if not basic.advanced:
             view._assign(value, "__setitem__")
             return
-        blocks, out_shape, post_shape, post_strides = view._advanced_blocks(basic.advanced, "__setitem__")
+        blocks, out_shape, post_shape, post_strides = view._advanced_blocks(
+            basic.advanced, "__setitem__"
+        )
         source = _as_source(value, self._dtype, "__setitem__")
         source = _expand_source(source, out_shape, "__setitem__").to(self._dtype)
         data = memoryview(source._bytes("__setitem__"))
         mv = self._storage.host_view("__setitem__")
         block_bytes = math.prod(post_shape) * self._dtype.itemsize
         for i, base in enumerate(blocks):
-            _memory.scatter(mv, base, post_strides, post_shape, self._dtype.itemsize,
-                            data[i * block_bytes:(i + 1) * block_bytes])
+            _memory.scatter(
+                mv,
+                base,
+                post_strides,
+                post_shape,
+                self._dtype.itemsize,
+                data[i * block_bytes : (i + 1) * block_bytes],
+            )
 
     def _advanced_blocks(
         self, advanced: Sequence[Advanced], api: str
@@ -466,8 +552,10 @@ class Tensor:
         try:
             bshape = _layout.broadcast_shapes(*shapes, api=api)
         except ValueError:
-            msg = (f"{api}(): shape mismatch: indexing tensors could not be broadcast together with shapes "
-                   f"{', '.join(str(list(s)) for s in shapes)}. Give the index tensors broadcastable shapes.")
+            msg = (
+                f"{api}(): shape mismatch: indexing tensors could not be broadcast together with shapes "
+                f"{', '.join(str(list(s)) for s in shapes)}. Give the index tensors broadcastable shapes."
+            )
             raise IndexError(msg) from None
         index_lists = [_broadcast_values(a.values, a.shape, bshape) for a in advanced]
         adv_dims = [a.dim for a in advanced]
@@ -476,9 +564,11 @@ class Tensor:
         pre = [d for d in rest if d < adv_dims[0]] if adjacent else []
         post = [d for d in rest if d not in pre]
         adv_strides = [self._strides[d] for d in adv_dims]
-        adv_offsets = [
-            sum(i * s for i, s in zip(idx, adv_strides)) for idx in zip(*index_lists)
-        ] if index_lists and index_lists[0] else []
+        adv_offsets = (
+            [sum(i * s for i, s in zip(idx, adv_strides)) for idx in zip(*index_lists)]
+            if index_lists and index_lists[0]
+            else []
+        )
         pre_ranges = [range(self._shape[d]) for d in pre]
         pre_strides = [self._strides[d] for d in pre]
         blocks = [
@@ -487,7 +577,12 @@ class Tensor:
             for a in adv_offsets
         ]
         out_shape = (*[self._shape[d] for d in pre], *bshape, *[self._shape[d] for d in post])
-        return blocks, out_shape, tuple(self._shape[d] for d in post), tuple(self._strides[d] for d in post)
+        return (
+            blocks,
+            out_shape,
+            tuple(self._shape[d] for d in post),
+            tuple(self._strides[d] for d in post),
+        )
 
     def _gather_advanced(self, advanced: Sequence[Advanced]) -> Tensor:
         blocks, out_shape, post_shape, post_strides = self._advanced_blocks(advanced, "__getitem__")
@@ -513,14 +608,18 @@ class Tensor:
         """Write one packed element to every position (stride-0 source)."""
         self._check_writable(api)
         mv, offset, strides, shape, itemsize = self._region(api)
-        _memory.copy_region(mv, offset, strides, memoryview(element), 0, (0,) * len(shape), shape, itemsize)
+        _memory.copy_region(
+            mv, offset, strides, memoryview(element), 0, (0,) * len(shape), shape, itemsize
+        )
 
     def fill_(self, value: Any) -> Tensor:
         """Set every element to ``value`` (a Python scalar or a one-element tensor)."""
         if isinstance(value, Tensor):
             if value.ndim != 0:
-                msg = (f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} "
-                       f"dimensions.")
+                msg = (
+                    f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} "
+                    f"dimensions."
+                )
                 raise RuntimeError(msg)
             value = value.item()
         self._fill(value, "fill_")
@@ -544,8 +643,10 @@ class Tensor:
         if self.numel() > 1 and any(n > 1 and st == 0 for n, st in zip(self._shape, self._strides)):
             # PyTorch's check (at::assert_no_internal_overlap): which source element would win is
             # arbitrary. A fill writes one value everywhere, so fill_ stays allowed, as in PyTorch.
-            msg = (f"{api}(): unsupported operation: more than one element of the written-to tensor refers "
-                   f"to a single memory location. Please clone() the tensor before performing the operation.")
+            msg = (
+                f"{api}(): unsupported operation: more than one element of the written-to tensor refers "
+                f"to a single memory location. Please clone() the tensor before performing the operation."
+            )
             raise RuntimeError(msg)
         src = _expand_source(src, self._shape, api)
         dst_mv = self._storage.host_view(api)
@@ -554,11 +655,21 @@ class Tensor:
             data = _cast(src, self._dtype, api)
             _memory.scatter(dst_mv, self._offset, self._strides, self._shape, itemsize, data)
         elif _overlaps(self, src):
-            _memory.scatter(dst_mv, self._offset, self._strides, self._shape, itemsize, src._bytes(api))
+            _memory.scatter(
+                dst_mv, self._offset, self._strides, self._shape, itemsize, src._bytes(api)
+            )
         else:
             src_mv = src._storage.host_view(api)
-            _memory.copy_region(dst_mv, self._offset, self._strides, src_mv, src._offset, src._strides,
-                                self._shape, itemsize)
+            _memory.copy_region(
+                dst_mv,
+                self._offset,
+                self._strides,
+                src_mv,
+                src._offset,
+                src._strides,
+                self._shape,
+                itemsize,
+            )
 
     # ------------------------------------------------------------------ copies and casts
     def contiguous(self) -> Tensor:
@@ -569,7 +680,9 @@ class Tensor:
 
     def clone(self) -> Tensor:
         """A compact copy in new tensorbridge memory (writable, even if this tensor is read-only)."""
-        return _from_bytes(self._bytes("clone"), self._shape, self._dtype, self.device, self._requires_grad)
+        return _from_bytes(
+            self._bytes("clone"), self._shape, self._dtype, self.device, self._requires_grad
+        )
 
     def to(self, *args: Any, **kwargs: Any) -> Tensor:
         """Convert dtype and/or device: ``to(dtype)``, ``to(device)``, ``to(other)``, ``to(device, dtype)``.
@@ -580,14 +693,20 @@ class Tensor:
         dtype, device, copy = _parse_to_args(self, args, kwargs)
         if dtype is self._dtype and device == self.device and not copy:
             return self
-        if device != self.device and not (device.is_host_accessible and self.device.is_host_accessible):
-            msg = (f"to(): cannot move a tensor from {self.device} to {device}: tensorbridge does not copy "
-                   f"between devices. Export it with __dlpack__(dl_device=...) to a library that can.")
+        if device != self.device and not (
+            device.is_host_accessible and self.device.is_host_accessible
+        ):
+            msg = (
+                f"to(): cannot move a tensor from {self.device} to {device}: tensorbridge does not copy "
+                f"between devices. Export it with __dlpack__(dl_device=...) to a library that can."
+            )
             raise BufferError(msg)
         if dtype is self._dtype:
             return _from_bytes(self._bytes("to"), self._shape, dtype, device, self._requires_grad)
         data = _cast(self, dtype, "to")
-        return _from_bytes(data, self._shape, dtype, device, self._requires_grad and dtype.kind in "fc")
+        return _from_bytes(
+            data, self._shape, dtype, device, self._requires_grad and dtype.kind in "fc"
+        )
 
     def type(self, dtype: DType | None = None) -> Any:
         """The dtype name like PyTorch's ``'tensorbridge.FloatTensor'`` is not kept; returns `to(dtype)`."""
@@ -605,8 +724,10 @@ class Tensor:
         return equal(self, other)
 
     def __eq__(self, other: object) -> Any:
-        msg = ("Tensor.__eq__: elementwise comparison is arithmetic, which tensorbridge leaves to the "
-               "frameworks; use tensorbridge.equal(a, b) or compare tolist().")
+        msg = (
+            "Tensor.__eq__: elementwise comparison is arithmetic, which tensorbridge leaves to the "
+            "frameworks; use tensorbridge.equal(a, b) or compare tolist()."
+        )
         raise TypeError(msg)
 
     __hash__ = object.__hash__
@@ -619,7 +740,12 @@ class Tensor:
 
     # ------------------------------------------------------------------ protocols (one module each)
     def __dlpack__(
-        self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: Any = None,
+        copy: Any = None,
     ) -> Any:
         """Export as a DLPack capsule (versioned for ``max_version >= (1, 0)``); see `_dlpack`."""
         return _dlpack.dlpack_export(self, stream, max_version, dl_device, copy)
@@ -668,7 +794,12 @@ class Tensor:
 
 # ---------------------------------------------------------------------- helpers
 def check_bounds(
-    storage: Storage, offset: int, shape: Sequence[int], strides: Sequence[int], itemsize: int, api: str
+    storage: Storage,
+    offset: int,
+    shape: Sequence[int],
+    strides: Sequence[int],
+    itemsize: int,
+    api: str,
 ) -> None:
     """Raise unless every element of the layout lies inside ``storage`` (computed with Python ints)."""
     if offset < 0:
@@ -680,10 +811,12 @@ def check_bounds(
     low, high = span
     if low < 0 or (high + 1) * itemsize > storage.nbytes:
         # PyTorch's setStorage text, extended: it checks only the high end (it has no negative strides).
-        msg = (f"{api}(): sizes {list(shape)}, strides {list(strides)}, storage offset {offset}, and itemsize "
-               f"{itemsize} requiring a storage size of {(high + 1) * itemsize} are out of bounds for storage "
-               f"of size {storage.nbytes}: the layout reaches elements [{low}, {high}], outside the storage. "
-               f"Choose a layout that stays inside the tensor's memory.")
+        msg = (
+            f"{api}(): sizes {list(shape)}, strides {list(strides)}, storage offset {offset}, and itemsize "
+            f"{itemsize} requiring a storage size of {(high + 1) * itemsize} are out of bounds for storage "
+            f"of size {storage.nbytes}: the layout reaches elements [{low}, {high}], outside the storage. "
+            f"Choose a layout that stays inside the tensor's memory."
+        )
         raise ValueError(msg)
 
 
@@ -704,9 +837,11 @@ def _nest(values: list[Any], shape: Sequence[int]) -> Any:
     if not shape:
         return values[0]
     for size in reversed(shape[1:]):
-        values = [values[i:i + size] for i in range(0, len(values), size)] if size else [
-            [] for _ in range(len(values) // max(size, 1))
-        ]
+        values = (
+            [values[i : i + size] for i in range(0, len(values), size)]
+            if size
+            else [[] for _ in range(len(values) // max(size, 1))]
+        )
     if len(shape) > 1 and 0 in shape[1:]:
         return _empty_nest(shape)
     return values
@@ -718,10 +853,14 @@ def _empty_nest(shape: Sequence[int]) -> Any:
     return [_empty_nest(shape[1:]) for _ in range(shape[0])]
 
 
-def _broadcast_values(values: Sequence[int], shape: tuple[int, ...], target: tuple[int, ...]) -> list[int]:
+def _broadcast_values(
+    values: Sequence[int], shape: tuple[int, ...], target: tuple[int, ...]
+) -> list[int]:
     if shape == target:
         return list(values)
-    strides = _layout.expand_strides(shape, _layout.contiguous_strides(shape), target, "__getitem__")
+    strides = _layout.expand_strides(
+        shape, _layout.contiguous_strides(shape), target, "__getitem__"
+    )
     return [
         values[sum(i * s for i, s in zip(idx, strides))]
         for idx in itertools.product(*(range(n) for n in target))
@@ -750,14 +889,18 @@ def _check_copy_shapes(dst: Sequence[int], src: Sequence[int]) -> None:
         a = dst[i - ndim + len(dst)] if i >= ndim - len(dst) else 1
         b = src[i - ndim + len(src)] if i >= ndim - len(src) else 1
         if a != b and 1 not in (a, b):
-            msg = (f"copy_(): The size of tensor a ({a}) must match the size of tensor b ({b}) at "
-                   f"non-singleton dimension {i}; got destination shape {list(dst)} and source shape "
-                   f"{list(src)}. Give the source a shape that broadcasts to the destination.")
+            msg = (
+                f"copy_(): The size of tensor a ({a}) must match the size of tensor b ({b}) at "
+                f"non-singleton dimension {i}; got destination shape {list(dst)} and source shape "
+                f"{list(src)}. Give the source a shape that broadcasts to the destination."
+            )
             raise ValueError(msg)
         out.append(b if a == 1 else a)
     if tuple(reversed(out)) != tuple(dst):
-        msg = (f"copy_(): output with shape {list(dst)} doesn't match the broadcast shape "
-               f"{list(reversed(out))}. Give the source a shape that broadcasts to the destination.")
+        msg = (
+            f"copy_(): output with shape {list(dst)} doesn't match the broadcast shape "
+            f"{list(reversed(out))}. Give the source a shape that broadcasts to the destination."
+        )
         raise ValueError(msg)
 
 
@@ -765,8 +908,10 @@ def _cast(src: Tensor, dtype: DType, api: str) -> bytes:
     """``src``'s elements converted to ``dtype``, packed row-major (the one cast path)."""
     if _dtype.float4_e2m1fn_x2 in (src.dtype, dtype):
         # PyTorch has no conversion for packed FP4 either ("copy_" not implemented for 'Float4_e2m1fn_x2').
-        msg = (f"{api}(): cannot convert between {src.dtype} and {dtype}: packed float4_e2m1fn_x2 has no "
-               f"element conversion. Reinterpret the bytes with view(tensorbridge.uint8) instead.")
+        msg = (
+            f"{api}(): cannot convert between {src.dtype} and {dtype}: packed float4_e2m1fn_x2 has no "
+            f"element conversion. Reinterpret the bytes with view(tensorbridge.uint8) instead."
+        )
         raise NotImplementedError(msg)
     return _codec.pack(dtype, src._values(api))
 
@@ -782,13 +927,20 @@ def _overlaps(a: Tensor, b: Tensor) -> bool:
     return a_lo < b_hi and b_lo < a_hi
 
 
-def _from_bytes(data: bytes | bytearray, shape: Sequence[int], dtype: DType, device: Device = CPU,
-                requires_grad: bool = False) -> Tensor:
+def _from_bytes(
+    data: bytes | bytearray,
+    shape: Sequence[int],
+    dtype: DType,
+    device: Device = CPU,
+    requires_grad: bool = False,
+) -> Tensor:
     """A new compact tensor in tensorbridge memory holding ``data`` (row-major packed elements)."""
     storage = allocate(len(data), device if device.is_host_accessible else CPU)
     if data:
         storage.host_view("clone")[:] = data
-    return Tensor._make(storage, 0, tuple(shape), _layout.contiguous_strides(shape), dtype, requires_grad)
+    return Tensor._make(
+        storage, 0, tuple(shape), _layout.contiguous_strides(shape), dtype, requires_grad
+    )
 
 
 def _as_source(value: Any, dtype: DType, api: str) -> Tensor:
@@ -800,7 +952,9 @@ def _as_source(value: Any, dtype: DType, api: str) -> Tensor:
     return tensor(value, dtype=dtype)
 
 
-def _parse_to_args(t: Tensor, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[DType, Device, bool]:
+def _parse_to_args(
+    t: Tensor, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[DType, Device, bool]:
     dtype, device = t.dtype, t.device
     copy = builtins.bool(kwargs.pop("copy", False))
     kwargs.pop("non_blocking", None)
@@ -831,8 +985,10 @@ def _parse_to_args(t: Tensor, args: Sequence[Any], kwargs: dict[str, Any]) -> tu
 def equal(a: Tensor, b: Tensor) -> bool:
     """True when ``a`` and ``b`` have the same shape and equal values (``torch.equal``; NaN != NaN)."""
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        msg = (f"equal(): expected two tensors; got {type(a).__name__} and {type(b).__name__}. "
-               f"Convert with tensorbridge.asarray() first.")
+        msg = (
+            f"equal(): expected two tensors; got {type(a).__name__} and {type(b).__name__}. "
+            f"Convert with tensorbridge.asarray() first."
+        )
         raise TypeError(msg)
     if a.shape != b.shape:
         return False
