@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _interfaces
+from tensorbridge import _cuda
 from tensorbridge._convert import _dispatch_path, is_protocol_object
 
 np = pytest.importorskip("numpy")
@@ -54,7 +54,7 @@ class CudaOnly:
 @pytest.fixture
 def no_driver(monkeypatch):
     """Pretend no CUDA driver is installed (fake pointers must never reach a real driver)."""
-    monkeypatch.setattr(_interfaces, "_cuda_driver", lambda: None)
+    monkeypatch.setattr(_cuda, "driver", lambda: None)
 
 
 # ---------------------------------------------------------------------------------------------- dispatch table
@@ -146,8 +146,8 @@ def test_dispatch_never_reads_cuda_memory(subprocess_run):
     """The fake CUDA producer's pointer is carried as metadata only: nothing dereferences it."""
     proc = subprocess_run(f"""
         import tensorbridge as tb
-        from tensorbridge import _interfaces
-        _interfaces._cuda_driver = lambda: None
+        from tensorbridge import _cuda
+        _cuda.driver = lambda: None
         class CudaOnly:
             __cuda_array_interface__ = {{"data": ({FAKE_CUDA_PTR}, False), "shape": (4,),
                                          "typestr": "<f4", "version": 3}}

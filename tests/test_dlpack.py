@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _dlpack
+from tensorbridge import _cuda, _dlpack
 from tensorbridge._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -758,13 +758,9 @@ def test_cuda_stream_validation(crafted):
 def test_cuda_raw_stream_without_a_driver(crafted, monkeypatch):
     """A raw CUDA stream needs the CUDA driver; without one it is a clean BufferError."""
     t = tb.from_dlpack(crafted((), shape=(2,), data=0x10000, device=(2, 0)).capsule)
-    monkeypatch.setattr(_dlpack, "_cuda_driver", _no_driver)
+    monkeypatch.setattr(_cuda, "driver", lambda: None)
     with pytest.raises(BufferError, match="CUDA driver"):
         t.__dlpack__(stream=12345)
-
-
-def _no_driver():
-    raise OSError("libcuda.so.1: cannot open shared object file")
 
 
 class FakeCudaLibrary:
@@ -795,7 +791,8 @@ def test_cuda_raw_stream_is_ordered_after_the_legacy_stream(crafted, monkeypatch
     """A raw stream waits on an event recorded on the legacy stream, in the primary context; on a
     driver error everything acquired is released and the error is a BufferError."""
     lib = FakeCudaLibrary(fail)
-    monkeypatch.setattr(_dlpack, "_CUDA", [_dlpack._CudaDriver(lib)])
+    driver = _cuda.load(lib)
+    monkeypatch.setattr(_cuda, "driver", lambda: driver)
     t = tb.from_dlpack(crafted((), shape=(2,), data=0x10000, device=(2, 1)).capsule)
     if fail:
         with pytest.raises(BufferError, match="cuStreamWaitEvent failed with CUDA error 700"):
@@ -811,6 +808,7 @@ def test_cuda_raw_stream_is_ordered_after_the_legacy_stream(crafted, monkeypatch
         "cuEventCreate",
         "cuEventRecord",
         "cuStreamWaitEvent",
+        *(["cuGetErrorName"] if fail else []),
         "cuEventDestroy_v2",
         "cuCtxPopCurrent_v2",
         "cuDevicePrimaryCtxRelease_v2",

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _interfaces
+from tensorbridge import _cuda
 
 pytestmark = pytest.mark.gpu
 
@@ -63,11 +63,11 @@ class Cuda:
 @pytest.fixture(scope="module")
 def cuda() -> Iterator[Cuda]:
     """The CUDA driver with device 0's primary context current; skips without a GPU."""
-    _interfaces._cuda_driver.cache_clear()
-    driver = _interfaces._cuda_driver()
+    _cuda.driver.cache_clear()
+    driver = _cuda.driver()
     if driver is None:
         pytest.skip("no CUDA driver or GPU")
-    with driver._primary_context(0, "test"):
+    with driver.primary_context(0, "test"):
         yield Cuda(driver)
 
 

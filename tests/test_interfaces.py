@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _interfaces
+from tensorbridge import _cuda, _interfaces
 from tensorbridge._convert import _dispatch_path
 
 FAKE_CUDA_PTR = 0x7F00_0000_0000  # never mapped on the host: reading it would crash
@@ -273,14 +273,14 @@ class FakeDriver:
 @pytest.fixture
 def no_driver(monkeypatch):
     """Pretend no CUDA driver is installed."""
-    monkeypatch.setattr(_interfaces, "_cuda_driver", lambda: None)
+    monkeypatch.setattr(_cuda, "driver", lambda: None)
 
 
 @pytest.fixture
 def fake_driver(monkeypatch):
     """Pretend a CUDA driver is installed, and return it."""
     driver = FakeDriver()
-    monkeypatch.setattr(_interfaces, "_cuda_driver", lambda: driver)
+    monkeypatch.setattr(_cuda, "driver", lambda: driver)
     return driver
 
 
@@ -429,8 +429,8 @@ def test_cai_fake_pointer_never_read_in_subprocess(subprocess_run):
     """Printing, tolist and copies of an imported CUDA tensor raise; the process never crashes."""
     proc = subprocess_run(f"""
         import tensorbridge as tb
-        from tensorbridge import _interfaces
-        _interfaces._cuda_driver = lambda: None
+        from tensorbridge import _cuda
+        _cuda.driver = lambda: None
         class E:
             __cuda_array_interface__ = {{"data": ({FAKE_CUDA_PTR}, False), "shape": (3,),
                                          "typestr": "<f4", "version": 3}}
@@ -451,8 +451,8 @@ def test_cai_fake_pointer_never_read_in_subprocess(subprocess_run):
 # ---------------------------------------------------------------------------------------------- CUDA driver lookup
 def test_cuda_driver_absent_or_initialised():
     """The driver loader returns None or a driver whose cuInit succeeded; it never raises."""
-    _interfaces._cuda_driver.cache_clear()
-    driver = _interfaces._cuda_driver()
+    _cuda.driver.cache_clear()
+    driver = _cuda.driver()
     assert driver is None or hasattr(driver, "synchronize")
 
 

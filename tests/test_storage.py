@@ -12,7 +12,7 @@ import pytest
 import tensorbridge as tb
 from tensorbridge import _capi, _storage
 from tensorbridge._device import CPU
-from tensorbridge._storage import ALIGNMENT, Storage, allocate, dlpack_owner, hold_buffer
+from tensorbridge._storage import ALIGNMENT, DLPackStorage, Storage, allocate, hold_buffer
 from tensorbridge._tensor import Tensor
 
 
@@ -146,27 +146,43 @@ def test_hold_buffer_passes_the_exporter_errors_through():
         hold_buffer([1, 2, 3], _capi.PY_BUF_SIMPLE)
 
 
-def test_dlpack_owner_calls_the_deleter_exactly_once():
-    """The DLPack owner calls deleter(managed) once when it dies; a NULL deleter is allowed."""
+def test_dlpack_storage_calls_the_deleter_exactly_once():
+    """A DLPack storage calls deleter(managed) once, after its last view; unarmed, it calls nothing."""
     calls: list[int] = []
 
     @_dlpack_deleter
     def deleter(addr: int) -> None:
         calls.append(addr)
 
-    owner = dlpack_owner(0xABC0, deleter)
-    storage = Storage(0, 0, CPU, False, owner)
+    storage = DLPackStorage(0, 0, CPU, False, False, 0xABC0)
+    storage.deleter = deleter
     views = [Tensor._make(storage, 0, (0,), (1,), tb.float32) for _ in range(3)]
-    del owner, storage
+    del storage
     gc.collect()
     assert calls == []
     del views
     gc.collect()
     assert calls == [0xABC0]
-    none_owner = dlpack_owner(0x10, None)
-    del none_owner
+    unarmed = DLPackStorage(0, 0, CPU, False, False, 0x10)
+    del unarmed
     gc.collect()
     assert calls == [0xABC0]
+
+
+def test_dlpack_storage_is_its_own_owner_without_a_cycle():
+    """owner is the storage itself, computed, so the storage dies (and releases) without gc."""
+    calls: list[int] = []
+    deleter = _dlpack_deleter(calls.append)
+    storage = DLPackStorage(0x1000, 8, CPU, True, True, 0x20)
+    storage.deleter = deleter
+    assert storage.owner is storage and storage.readonly and storage.is_copied
+    assert repr(storage).endswith("owner=DLPackStorage>")
+    gc.disable()
+    try:
+        del storage
+        assert calls == [0x20]
+    finally:
+        gc.enable()
 
 
 def _dlpack_deleter(fn):
@@ -187,7 +203,9 @@ def test_owners_leak_instead_of_running_at_interpreter_exit(subprocess_run):
         def deleter(addr):
             print("deleter ran", flush=True)
 
-        KEEP = [_storage.dlpack_owner(0x1234, deleter), _storage.hold_buffer(bytearray(8), _capi.PY_BUF_WRITABLE),
+        dlpack = _storage.DLPackStorage(0x1234, 0, tb.device("cpu"), False, False, 0x1234)
+        dlpack.deleter = deleter
+        KEEP = [dlpack, _storage.hold_buffer(bytearray(8), _capi.PY_BUF_WRITABLE),
                 tb.arange(1000).reshape(10, 100)[::2]]
         print("ok", flush=True)
     """

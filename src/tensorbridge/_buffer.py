@@ -8,8 +8,8 @@ the exporter refuses to resize, close or release its memory while a tensor can s
 Read-only exporters give read-only tensors, without the warning PyTorch emits (F4).
 
 Export: `buffer_export` backs ``Tensor.__buffer__`` (PEP 688: ``memoryview(t)`` on Python 3.12+)
-and ``Tensor.as_memoryview()``; `array_interface` backs ``Tensor.__array_interface__`` (version 3),
-which lets ``numpy.asarray(t)`` share memory on every Python version.
+and ``Tensor.as_memoryview()``. (``Tensor.__array_interface__``, which lets ``numpy.asarray(t)``
+share memory on every Python version, is `_interfaces.array_interface`, re-exported here.)
 
 Pickling, `reduce_tensor`: protocol 5 hands the bytes over as a ``pickle.PickleBuffer`` (out of
 band with ``buffer_callback``: no copy at all), older protocols as ``bytes``.
@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Final
 from . import _capi
 from ._device import CPU
 from ._dtype import ALL_DTYPES, BY_NAME, DType, as_dtype
+from ._interfaces import array_interface
 from ._layout import contiguous_strides, extent
-from ._storage import Storage, allocate, hold_buffer
+from ._storage import BufferStorage, Storage, allocate, hold_buffer
 from ._tensor import GRAD_MSG_CREATE, Tensor
 
 if TYPE_CHECKING:
@@ -103,19 +104,22 @@ def frombuffer(
         count = _as_int(count, "frombuffer", "count")
     if offset.__class__ is not int:
         offset = _as_int(offset, "frombuffer", "offset")
-    requires_grad = _as_bool(requires_grad, "frombuffer", "requires_grad")
-    held, view, readonly = _acquire(buffer, "frombuffer")
+    if requires_grad is not False:
+        requires_grad = _as_bool(requires_grad, "frombuffer", "requires_grad")
+    storage = _acquire(buffer, "frombuffer")
     itemsize = dtype.itemsize
     try:
-        numel = _element_count(view.len, count, offset, itemsize)
+        numel = _element_count(storage.nbytes, count, offset, itemsize)
         if requires_grad and dtype.kind not in "fc":
             msg = f"frombuffer(): {GRAD_MSG_CREATE}; got dtype {dtype}. Pass a floating dtype."
             raise RuntimeError(msg)
     except BaseException:
         # Release the export now: the traceback keeps this frame, and the frame the export.
-        del held
+        del storage
         raise
-    storage = Storage((view.buf or 0) + offset, numel * itemsize, CPU, readonly, held)
+    # The storage spans the whole buffer; nothing else has seen it yet, so narrow it in place.
+    storage.ptr += offset
+    storage.nbytes = numel * itemsize
     return _make(storage, 0, (numel,), (1,), dtype, requires_grad)
 
 
@@ -135,31 +139,30 @@ def _as_bool(value: object, api: str, name: str) -> bool:
     return value is True
 
 
-def _acquire(obj: Any, api: str) -> tuple[object, _capi.Py_buffer, bool]:
-    """Hold a C-contiguous export of obj, writable if it allows: (owner, Py_buffer, readonly)."""
+def _acquire(obj: Any, api: str) -> BufferStorage:
+    """Hold a C-contiguous export of obj, writable if it allows: a storage over the whole buffer."""
     # bytes is never writable: asking would only cost a raised and caught BufferError.
     if obj.__class__ is not bytes:
         try:
-            held, view = hold_buffer(obj, _WRITABLE_REQUEST)
+            return BufferStorage(obj, _WRITABLE_REQUEST)
         except Exception:  # any exporter error means "try read-only", as in PyTorch and NumPy
             pass
-        else:
-            return held, view, False
     # The PYFUNCTYPE binding raised the failed request's error into Python, where it was caught:
     # no exception is pending when the second request runs (PyTorch retries with one set, F11).
-    if not _capi.PyObject_CheckBuffer(obj):
-        msg = (f"{api}(): object does not implement Python buffer protocol. Got an object of type "
-               f"{type(obj).__name__!r}; pass bytes, bytearray, memoryview, array.array, mmap or "
-               f"another buffer exporter.")
-        raise ValueError(msg)
     try:
-        held, view = hold_buffer(obj, _READONLY_REQUEST)
+        storage = BufferStorage(obj, _READONLY_REQUEST)
     except Exception as exc:
+        if not _capi.PyObject_CheckBuffer(obj):
+            msg = (f"{api}(): object does not implement Python buffer protocol. Got an object of "
+                   f"type {type(obj).__name__!r}; pass bytes, bytearray, memoryview, array.array, "
+                   f"mmap or another buffer exporter.")
+            raise ValueError(msg) from None
         msg = (f"{api}(): could not retrieve buffer from object of type {type(obj).__name__!r} "
                f"({type(exc).__name__}: {exc}). Only C-contiguous memory can be shared; copy it "
                f"first (bytes(memoryview(obj)), numpy.ascontiguousarray(obj)).")
         raise RuntimeError(msg) from exc
-    return held, view, True
+    storage.readonly = True  # whatever the exporter says: it refused a writable export
+    return storage
 
 
 def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
@@ -188,7 +191,7 @@ def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
 
 
 # -------------------------------------------------------------------------------------------------
-# Export: memoryview (PEP 688) and __array_interface__
+# Export: memoryview (PEP 688)
 
 # Every format handed to PyMemoryView_FromBuffer is one of these module-level bytes objects: a
 # memoryview keeps only a pointer to the characters, so they must live as long as the interpreter.
@@ -299,37 +302,6 @@ def buffer_export(t: Tensor, flags: int) -> memoryview:
             raise BufferError(msg)
     return _host_memoryview(t.data_ptr(), fmt, dtype.itemsize, tuple(t._shape),
                             readonly=storage.readonly, owner=storage.owner)
-
-
-def array_interface(t: Tensor) -> dict[str, Any]:
-    """NumPy's ``__array_interface__`` (version 3) of a host tensor.
-
-    ``numpy.asarray(t)`` then shares the memory without copying: NumPy keeps a reference to
-    ``t`` (the array's ``base``), which keeps the memory alive. ``data`` carries the read-only
-    flag, so the array of a read-only tensor is read-only. ``strides`` are in bytes, None when
-    the tensor is C-contiguous.
-
-    Raises:
-        AttributeError: the memory is not on the host, or NumPy has no typestr for the dtype
-            (bfloat16, float8, ...). AttributeError makes ``hasattr(t, "__array_interface__")``
-            False, so NumPy goes on to its other protocols.
-    """
-    storage = t._storage
-    typestr = t._dtype.typestr
-    if typestr is None or not storage.device.is_host_accessible:
-        reason = (f"NumPy has no typestr for {t._dtype}" if typestr is None
-                  else f"the memory is on {storage.device}, not on the host")
-        msg = f"__array_interface__: not available, {reason}; use __dlpack__() instead."
-        raise AttributeError(msg)
-    itemsize = t._dtype.itemsize
-    strides = None if t.is_contiguous() else tuple(s * itemsize for s in t._strides)
-    return {
-        "version": 3,
-        "shape": tuple(t._shape),
-        "typestr": typestr,
-        "data": (t.data_ptr(), storage.readonly),
-        "strides": strides,
-    }
 
 
 # -------------------------------------------------------------------------------------------------
@@ -546,7 +518,9 @@ def share_memory(t: Tensor) -> Tensor:
         msg = (f"share_memory_(): only CPU tensors can be moved into shared memory; this one is "
                f"on {storage.device}. Share device memory with the library that owns it.")
         raise BufferError(msg)
-    block = _create_block(storage.nbytes, previous=storage.owner)
+    # A storage that owns its memory (an imported DLPack tensor) keeps it itself, until it dies.
+    previous = None if storage.owner is storage else storage.owner
+    block = _create_block(storage.nbytes, previous=previous)
     if storage.nbytes:
         ctypes.memmove(block.ptr, storage.ptr, storage.nbytes)
     # Storage attributes are plain slots: every view sees the move at once. The cached host view

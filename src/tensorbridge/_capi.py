@@ -22,6 +22,7 @@ __all__ = [
     "PyCapsule_New",
     "PyCapsule_SetName",
     "PyObject_GetBuffer",
+    "steal",
 ]
 
 _api = ctypes.pythonapi
@@ -88,3 +89,17 @@ CapsuleType: Final[type] = type(PyCapsule_New(id(_api), None, None))
 # A memoryview over a filled-in Py_buffer: any format (``Zf``, ``e``), shape and strides, which
 # ``memoryview.cast`` cannot make. The view does not own ``buf``: _buffer ties the lifetime.
 PyMemoryView_FromBuffer: Final = _bind("PyMemoryView_FromBuffer", _py, ctypes.POINTER(Py_buffer))
+
+# Takes over a new reference that C code handed back as an address (an out-parameter), see `steal`.
+Py_DecRef: Final = _bind("Py_DecRef", None, _vp)
+
+
+def steal(address: int) -> object:
+    """The object at ``address``, taking over the new reference that C code wrote there.
+
+    ``py_object.value`` adds a reference of its own; the one the C function gave is dropped, so the
+    object's count ends where a C caller's would.
+    """
+    obj = ctypes.cast(address, ctypes.py_object).value
+    Py_DecRef(address)
+    return obj

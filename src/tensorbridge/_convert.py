@@ -121,6 +121,18 @@ def _buffer_dtype(fmt: str, api: str) -> DType:
     raise BufferError(msg)
 
 
+# The dtype of each buffer format met so far (the bytes of ``Py_buffer.format``, None meaning 'B').
+# Only formats that name a dtype are kept, so the table stays as small as the set of valid formats.
+_FORMAT_DTYPES: Final[dict[bytes | None, DType]] = {}
+
+
+def _format_dtype(fmt: bytes | None, api: str) -> DType:
+    dtype = _FORMAT_DTYPES.get(fmt)
+    if dtype is None:
+        dtype = _FORMAT_DTYPES[fmt] = _buffer_dtype(fmt.decode("ascii", "replace") if fmt else "B", api)
+    return dtype
+
+
 def _from_buffer(obj: Any, api: str) -> Tensor:
     """A tensor sharing a buffer exporter's memory, with its format, shape and strides.
 
@@ -134,19 +146,23 @@ def _from_buffer(obj: Any, api: str) -> Tensor:
         msg = (f"{api}(): the buffer of {type(obj).__name__} uses suboffsets (PIL-style indirect "
                f"arrays), which tensors cannot describe. Copy it into a contiguous buffer first.")
         raise BufferError(msg)
-    dtype = _buffer_dtype(view.format.decode("ascii", "replace") if view.format else "B", api)
-    if view.itemsize != dtype.itemsize:
+    dtype = _format_dtype(view.format, api)
+    itemsize = dtype.itemsize
+    if view.itemsize != itemsize:
         msg = (f"{api}(): the buffer's itemsize {view.itemsize} does not match its format "
-               f"{view.format!r} ({dtype.itemsize} bytes); the exporter is malformed.")
+               f"{view.format!r} ({itemsize} bytes); the exporter is malformed.")
         raise BufferError(msg)
     shape = tuple(view.shape[:ndim]) if ndim else ()
     if view.strides:
         byte_strides = view.strides[:ndim]
-        if any(s % dtype.itemsize for s in byte_strides):
+        if itemsize == 1:
+            strides = tuple(byte_strides)
+        elif any(s % itemsize for s in byte_strides):
             msg = (f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
-                   f"itemsize ({dtype.itemsize}); tensor strides count whole elements.")
+                   f"itemsize ({itemsize}); tensor strides count whole elements.")
             raise BufferError(msg)
-        strides = tuple(s // dtype.itemsize for s in byte_strides)
+        else:
+            strides = tuple(s // itemsize for s in byte_strides)
     else:
         strides = _layout.contiguous_strides(shape)
     # The exporter vouches for its layout; ``len`` is the logical size, not the extent of a strided view.
@@ -213,13 +229,6 @@ def _finish(t: Tensor, copied: bool, source: Any, *, dtype: DType | None, device
     return t
 
 
-def _copy_arg(copy: object, api: str) -> bool | None:
-    if copy is None or isinstance(copy, bool):
-        return copy
-    msg = f"{api}(): copy must be None, True or False; got {copy!r} ({type(copy).__name__})."
-    raise TypeError(msg)
-
-
 def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: bool | None = None,
             requires_grad: bool = False) -> Tensor:
     """Convert ``obj`` to a tensor, sharing its memory whenever possible (PyTorch's ``asarray``).
@@ -255,7 +264,8 @@ def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: bool | Non
     if dtype is not None:
         dtype = as_dtype(dtype, api)
     want = None if device is None else as_device(device, api)
-    copy = _copy_arg(copy, api)
+    if copy is not None:
+        copy = _dlpack._as_copy(copy, api)
     path, found = _dispatch(obj)
     if path == _TENSOR:
         t, copied = obj, False
@@ -266,6 +276,8 @@ def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: bool | Non
         return _creation.tensor(obj, dtype=dtype, device=want, requires_grad=requires_grad)
     else:
         t, copied = _import(path, obj, found, device=want, copy=copy, dtype=dtype, api=api)
+    if dtype is None and want is None and not copy and requires_grad is False:
+        return t  # nothing to apply (the common case)
     return _finish(t, copied, obj, dtype=dtype, device=want, copy=copy, requires_grad=requires_grad, api=api)
 
 

@@ -3,7 +3,10 @@
 Import follows the array API consumer pattern (dlpack.md §7, §11): ask the producer for the newest
 version tensorbridge understands, accept whichever capsule comes back, validate every field, build
 the tensor, and only then rename the capsule to ``used_*``. The managed tensor then belongs to a
-`_storage` owner that calls the producer's ``deleter`` exactly once, when the last view dies.
+`_storage.DLPackStorage`, which calls the producer's ``deleter`` exactly once, when the last view
+dies. A producer type that advertises the DLPack C exchange API (dlpack.md §9, §12.8; PyTorch
+>= 2.10) hands its host tensors over through that table instead, with no ``__dlpack__`` call and
+no capsule, and `exchange_export` hands tensors to it the same way (``Tensor.torch()``).
 
 Export writes one ctypes block holding the managed struct, the shape and the strides, wraps it in a
 capsule, and keeps the block and the exported tensor in a registry until the consumer calls our
@@ -16,6 +19,7 @@ releases it as its deleter would. The price: an abandoned, never-consumed capsul
 alive until the next reap rather than until it is collected (at most 16 such capsules, or twice the
 number of capsules a caller keeps, outside full collections). A reap costs about 1 µs per abandoned
 capsule and 0.1 µs per capsule still held; amortised, an export pays well under 1 µs for it.
+Exports through the C exchange API have no capsule and never wait for a reap.
 
 Deviations from PyTorch (compat.md §2, §3; each one deliberate):
 
@@ -40,9 +44,9 @@ import inspect
 import struct
 import sys
 import threading
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from . import _capi
+from . import _capi, _cuda
 from ._device import CPU, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -56,10 +60,11 @@ from ._dlpack_abi import (
     DLPackDeleter,
 )
 from ._dtype import BY_DLPACK, DType
-from ._storage import Storage, dlpack_owner
+from ._layout import contiguous_strides
+from ._storage import ADDRESS_LIMIT, DLPackStorage, Storage
 from ._tensor import Tensor
 
-__all__ = ["dlpack_export", "from_dlpack", "to_dlpack"]
+__all__ = ["dlpack_export", "exchange_export", "from_dlpack", "to_dlpack"]
 
 # The version asked of producers and reported on export.
 _MAX_VERSION: Final = (DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION)
@@ -79,7 +84,6 @@ _HOST_TYPES: Final = frozenset(int(d) for d in (
 # is the first element. Elsewhere (OpenCL ``cl_mem``, Metal ``MTLBuffer``, Vulkan, WebGPU, ...)
 # ``data`` may be an opaque handle: the offset stays in ``byte_offset`` (pytorch/pytorch#168193).
 _ADDRESSABLE: Final = _HOST_TYPES | {_kDLCUDA, _kDLROCM, int(DLDeviceType.kDLOneAPI)}
-_ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
 
 _TORCH_CONSUMED: Final = (
     "from_dlpack received an invalid capsule. Note that DLTensor capsules can be consumed only "
@@ -144,7 +148,7 @@ def _read(fmt: struct.Struct, address: int) -> tuple[Any, ...]:
         return fmt.unpack_from(_MEMORY, address - _MEMORY_BASE)
     except (struct.error, OverflowError):  # beyond the view, or beyond Py_ssize_t
         pass
-    if _MEMORY_COVERS_ALL or address <= 0 or address + fmt.size > _ADDRESS_LIMIT:
+    if _MEMORY_COVERS_ALL or address <= 0 or address + fmt.size > ADDRESS_LIMIT:
         msg = (f"from_dlpack(): the capsule points outside the address space (0x{address:x}); "
                f"the producer wrote an invalid capsule.")
         raise BufferError(msg) from None
@@ -155,16 +159,25 @@ def _read(fmt: struct.Struct, address: int) -> tuple[Any, ...]:
 # Import
 # -------------------------------------------------------------------------------------------------
 
-_CAPSULE_TYPE_NAME: Final = b"tensorbridge.capsule_type"
-_CAPSULE_TYPE: Final = type(_capi.PyCapsule_New(1, _CAPSULE_TYPE_NAME, None))
+_CapsuleType: Final = _capi.CapsuleType
 
 # Producer deleters are called through one ctypes function object per address (NumPy and PyTorch
-# each use one deleter for all their tensors); bounded in case a producer makes deleters on the fly.
+# each use one deleter for all their tensors).
 _DELETERS: dict[int, Any] = {}
-_DELETERS_MAX: Final = 256
 
-# Producer types with PyTorch's lazy negation bit (torch.Tensor and subclasses), by duck typing.
-_HAS_NEG_BIT: dict[type, bool] = {}
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+# Lookup tables keyed by what producers hand us (deleter addresses, types) are bounded: a producer
+# that makes deleters or types on the fly must not grow them without end.
+_REMEMBER_MAX: Final = 256
+
+
+def _remember(table: dict[_K, _V], key: _K, value: _V) -> _V:
+    """Store ``value`` in a bounded lookup table (emptied when full) and return it."""
+    if len(table) >= _REMEMBER_MAX:
+        table.clear()
+    table[key] = value
+    return value
 
 
 def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Tensor:
@@ -194,6 +207,12 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
             producer's own `BufferError` passes through unchanged. The capsule stays unconsumed.
         ValueError: ``copy=False`` but the request needs a copy or a move.
 
+    Note:
+        A producer type that advertises the DLPack C exchange API (``__dlpack_c_exchange_api__``,
+        dlpack.md §9; ``torch.Tensor`` from PyTorch 2.10) hands its host memory over through that
+        table instead, with no ``__dlpack__`` call and no capsule. The result, the checks and the
+        errors are those of the ``__dlpack__`` path.
+
     Example:
         >>> import tensorbridge as tb
         >>> t = tb.arange(4)
@@ -206,12 +225,19 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
         cls = type(ext_tensor)
         if cls is Tensor:
             return _alias(ext_tensor)
-        capsule = ext_tensor if cls is _CAPSULE_TYPE else _request(ext_tensor, None, None)
-        t, owner, used_name, deleter = _open(capsule)
-        # _commit, inlined on the hot path: rename, then arm the owner.
-        _capi.PyCapsule_SetName(capsule, used_name)
+        if cls is not _CapsuleType:
+            producer = _PRODUCERS.get(cls) or _producer(cls)
+            if producer.exchange is not None:
+                t = _exchange_import(producer, ext_tensor)
+                if t is not None:
+                    return t
+            ext_tensor = _request(ext_tensor, producer, None, None)
+        t, used_name, deleter = _open(ext_tensor)
+        # `_commit`, inlined on the hot path: rename, then arm the storage.
+        _capi.PyCapsule_SetName(ext_tensor, used_name)
         if deleter:
-            owner.deleter = _DELETERS.get(deleter) or _deleter_function(deleter)
+            storage: Any = t._storage  # a DLPackStorage
+            storage.deleter = _DELETERS.get(deleter) or _deleter_function(deleter)  # cache hit inline
         return t
     return _from_dlpack_with(ext_tensor, _as_target(device), _as_copy(copy, "from_dlpack"))
 
@@ -242,13 +268,159 @@ def _as_target(device: Any) -> Device | None:
 
 
 def _as_copy(copy: Any, api: str) -> bool | None:
+    """The array API's ``copy`` argument (None, True or False; also `asarray`'s)."""
     if copy is None or isinstance(copy, bool):
         return copy
-    msg = f"{api}(): copy must be True, False or None; got {copy!r} ({type(copy).__name__})."
+    msg = f"{api}(): copy must be None, True or False; got {copy!r} ({type(copy).__name__})."
     raise TypeError(msg)
 
 
-def _request(obj: Any, target: Device | None, copy: bool | None) -> Any:
+# -------------------------------------------------------------------------------------------------
+# Producer types, and the C exchange API
+#
+# What `from_dlpack` needs to know about a producer depends on its type only, so it is looked up
+# once per type: whether instances carry PyTorch's lazy negative bit, and whether the type
+# advertises the DLPack C exchange API (dlpack.md §9, §12.8). Called through PYFUNCTYPE prototypes,
+# torch's `managed_tensor_from_py_object_no_sync` hands over an owned DLManagedTensorVersioned* in
+# about a fifth of the time of `Tensor.__dlpack__` plus `__dlpack_device__`, and with no capsule.
+# -------------------------------------------------------------------------------------------------
+
+_EXCHANGE_API_NAME: Final = b"dlpack_exchange_api"
+# DLPackExchangeAPIHeader: version {major, minor}, prev_api; then the five function pointers
+# (managed_tensor_allocator, managed_tensor_from_py_object_no_sync,
+# managed_tensor_to_py_object_no_sync, dltensor_from_py_object_no_sync, current_work_stream).
+_EXCHANGE_HEADER: Final = struct.Struct("@IIP")
+_EXCHANGE_FUNCTIONS: Final = struct.Struct("@5P")
+_EXCHANGE_CHAIN_MAX: Final = 8  # prev_api links followed at most (a cycle must not hang us)
+
+# int (*)(void* py_object, DLManagedTensorVersioned** out): non-zero (with a Python error set,
+# which PYFUNCTYPE raises) when the object cannot be exported.
+_FromPyObject: Final = ctypes.PYFUNCTYPE(
+    ctypes.c_int, ctypes.py_object, ctypes.POINTER(ctypes.c_void_p)
+)
+# int (*)(DLManagedTensorVersioned* tensor, void** out_py_object): takes ownership of the tensor
+# and writes a new reference. The reference comes back as an address, so that its ownership can be
+# taken over exactly once (a ctypes py_object out-parameter would leak it).
+_ToPyObject: Final = ctypes.PYFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+)
+
+
+class _ExchangeAPI:
+    """The functions tensorbridge calls in a producer type's ``DLPackExchangeAPI`` table."""
+
+    __slots__ = ("from_py", "to_py")
+
+    def __init__(self, from_py: Any, to_py: Any) -> None:
+        self.from_py = from_py  # managed_tensor_from_py_object_no_sync
+        self.to_py = to_py  # managed_tensor_to_py_object_no_sync
+
+
+class _Producer:
+    """What `from_dlpack` knows about one producer type.
+
+    Attributes:
+        neg_bit: instances may be PyTorch negative-bit views (``is_neg``/``resolve_neg``, duck
+            typed: torch.Tensor and its subclasses), which are resolved before export (F5).
+        exchange: the C exchange API the type itself advertises, major version 1; None without.
+        screen: for ``torch.Tensor``, ``torch.strided``: its exchange function checks less than
+            its ``__dlpack__`` (no autograd, conjugate or negative bit, layout), so tensors with any
+            of those take the ``__dlpack__`` path, which refuses or resolves them as before.
+    """
+
+    __slots__ = ("exchange", "neg_bit", "screen")
+
+    def __init__(self, cls: type) -> None:
+        self.neg_bit = hasattr(cls, "is_neg") and hasattr(cls, "resolve_neg")
+        self.exchange = exchange_api(cls)
+        torch = sys.modules.get("torch")
+        self.screen = torch.strided if torch is not None and cls is torch.Tensor else None
+
+
+_PRODUCERS: dict[type, _Producer] = {}
+
+
+def _producer(cls: type) -> _Producer:
+    return _remember(_PRODUCERS, cls, _Producer(cls))
+
+
+def exchange_api(cls: type) -> _ExchangeAPI | None:
+    """The C exchange API that ``cls`` itself advertises (dlpack.md §9), or None.
+
+    Only the advertising type qualifies, not its subclasses: ``py_object`` must be exactly the
+    table's type (a subclass may override ``__dlpack__``). DLPack 1.3 advertises a capsule named
+    ``"dlpack_exchange_api"`` in ``__dlpack_c_exchange_api__``; 1.2 an integer address in
+    ``__c_dlpack_exchange_api__``; both are accepted. A table of another major version is
+    followed down its ``prev_api`` chain to a major-1 one.
+    """
+    advertised = cls.__dict__.get("__dlpack_c_exchange_api__")
+    if advertised is None:
+        advertised = cls.__dict__.get("__c_dlpack_exchange_api__")
+    if type(advertised) is _CapsuleType:
+        if not _capi.PyCapsule_IsValid(advertised, _EXCHANGE_API_NAME):
+            return None
+        address = _capi.PyCapsule_GetPointer(advertised, _EXCHANGE_API_NAME)
+    elif type(advertised) is int:
+        address = advertised
+    else:
+        return None
+    for _ in range(_EXCHANGE_CHAIN_MAX):
+        if not address:
+            return None
+        major, _minor, previous = _read(_EXCHANGE_HEADER, address)
+        if major == DLPACK_MAJOR_VERSION:
+            break
+        address = previous
+    else:
+        return None
+    _allocator, from_py, to_py, _view, _stream = _read(
+        _EXCHANGE_FUNCTIONS, address + _EXCHANGE_HEADER.size
+    )
+    if not from_py or not to_py:  # neither may be NULL (dlpack.h); a broken table is not used
+        return None
+    return _ExchangeAPI(_FromPyObject(from_py), _ToPyObject(to_py))
+
+
+def _exchange_import(producer: _Producer, obj: Any) -> Tensor | None:
+    """Import ``obj`` through its type's ``managed_tensor_from_py_object_no_sync``.
+
+    Returns None to send the caller down the ``__dlpack__`` path, which then refuses, resolves or
+    synchronises in the producer's own words: for what the screen catches, for anything the
+    exchange function refuses, and for memory that is not host-accessible (``*_no_sync`` does not
+    order the data on any stream; ``__dlpack__`` is asked with one).
+    """
+    screen = producer.screen
+    if screen is not None and (
+        obj.requires_grad or obj.is_conj() or obj.is_neg() or obj.layout is not screen
+    ):
+        return None
+    out = ctypes.c_void_p()
+    try:
+        failed = producer.exchange.from_py(obj, ctypes.byref(out))  # type: ignore[union-attr]
+    except Exception:  # the __dlpack__ path raises the producer's refusal again, in its words
+        return None
+    managed = out.value
+    if failed or not managed:
+        return None
+    # The managed tensor is ours from here on: its deleter runs exactly once, whatever happens.
+    try:
+        t, deleter = _versioned(managed)
+    except BaseException:
+        _release_unowned(managed)
+        raise
+    if not t._storage.device.is_host_accessible:
+        _release_unowned(managed)
+        return None
+    _arm(t._storage, deleter)
+    return t
+
+
+# -------------------------------------------------------------------------------------------------
+# Capsules
+# -------------------------------------------------------------------------------------------------
+
+
+def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | None) -> Any:
     """Call ``obj.__dlpack__`` as a current consumer does (dlpack.md §7); return the capsule.
 
     Asks for ``max_version=(1, 3)``, plus ``dl_device``/``copy`` when requested. tensorbridge has no
@@ -261,11 +433,7 @@ def _request(obj: Any, target: Device | None, copy: bool | None) -> Any:
     export = getattr(obj, "__dlpack__", None)
     if export is None:
         raise _not_a_producer(obj)
-    has_neg_bit = _HAS_NEG_BIT.get(type(obj))
-    if has_neg_bit is None:
-        has_neg_bit = hasattr(obj, "is_neg") and hasattr(obj, "resolve_neg")
-        _HAS_NEG_BIT[type(obj)] = has_neg_bit
-    if has_neg_bit and obj.is_neg():
+    if producer.neg_bit and obj.is_neg():
         obj = _resolve_neg(obj, copy)
         export = obj.__dlpack__
     device_fn = getattr(obj, "__dlpack_device__", None)
@@ -281,7 +449,7 @@ def _request(obj: Any, target: Device | None, copy: bool | None) -> Any:
         if target is not None or copy is not None or not _rejects_keywords(export, exc, kwargs):
             raise
         capsule = export()  # a failure here keeps the first TypeError as its context
-    if type(capsule) is not _CAPSULE_TYPE:
+    if type(capsule) is not _CapsuleType:
         msg = (f"from_dlpack(): {type(obj).__name__}.__dlpack__() returned an object of type "
                f"{type(capsule).__name__}, not a DLPack capsule. The producer is broken.")
         raise TypeError(msg)
@@ -332,13 +500,20 @@ def _rejects_keywords(export: Any, exc: TypeError, kwargs: dict[str, Any]) -> bo
     return any(name not in params for name in kwargs)
 
 
-def _open(capsule: Any) -> tuple[Tensor, Any, bytes, int]:
+def _consume(capsule: Any) -> Tensor:
+    """Import a capsule and take ownership of its managed tensor."""
+    t, used_name, deleter = _open(capsule)
+    _commit(capsule, t._storage, used_name, deleter)
+    return t
+
+
+def _open(capsule: Any) -> tuple[Tensor, bytes, int]:
     """Read and validate a capsule without consuming it.
 
-    Returns the tensor, its owner (not yet armed), the ``used_*`` name and the deleter address. On
+    Returns the tensor (its storage not yet armed), the ``used_*`` name and the deleter address. On
     any error the capsule is left as it was, so its destructor still frees the producer's memory.
     """
-    if type(capsule) is not _CAPSULE_TYPE:
+    if type(capsule) is not _CapsuleType:
         raise _not_a_producer(capsule)
     try:
         managed = _capi.PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED)
@@ -346,50 +521,69 @@ def _open(capsule: Any) -> tuple[Tensor, Any, bytes, int]:
         managed = _legacy_pointer(capsule)
         fields = _read(_LEGACY, managed)
         # A legacy capsule cannot say read-only: like PyTorch, tensorbridge imports it writable.
-        t, owner = _tensor(managed, fields[:8], False, False)
-        return t, owner, USED_DLTENSOR, fields[9]
+        return _tensor(managed, fields[:8], False, False), USED_DLTENSOR, fields[9]
+    t, deleter = _versioned(managed)
+    return t, USED_DLTENSOR_VERSIONED, deleter
+
+
+def _commit(capsule: Any, storage: Any, used_name: bytes, deleter: int) -> None:
+    """Take ownership: rename the capsule, then arm the storage.
+
+    Nothing that can fail comes after the rename, so the deleter runs exactly once: by the capsule's
+    destructor if this never happens, by the storage otherwise (dlpack.md §10.2).
+    """
+    _capi.PyCapsule_SetName(capsule, used_name)
+    _arm(storage, deleter)
+
+
+def _arm(storage: Any, deleter: int) -> None:
+    """Make ``storage`` (a `DLPackStorage`) call the deleter at ``deleter`` (none for NULL) when it
+    dies."""
+    if deleter:
+        storage.deleter = _deleter_function(deleter)
+
+
+def _release_unowned(managed: int) -> None:
+    """Call the deleter of a ``DLManagedTensorVersioned`` that no storage took over (an import
+    that failed or went another way); one of another major version leaks: where its deleter is
+    cannot be known."""
+    major, _minor, _ctx, deleter = _read(_VERSIONED, managed)[:4]
+    if major == DLPACK_MAJOR_VERSION and deleter:
+        _deleter_function(deleter)(managed)
+
+
+def _deleter_function(address: int) -> Any:
+    """The ctypes function that calls the producer's deleter at ``address`` (made once)."""
+    fn = _DELETERS.get(address)
+    return fn if fn is not None else _remember(_DELETERS, address, DLPackDeleter(address))
+
+
+def _versioned(managed: int) -> tuple[Tensor, int]:
+    """The tensor a ``DLManagedTensorVersioned`` describes, with its flags, and its deleter's
+    address; `BufferError` for another major version, before anything else is read."""
     try:
         fields = _VERSIONED.unpack_from(_MEMORY, managed - _MEMORY_BASE)
     except (struct.error, OverflowError):
         fields = _read(_VERSIONED, managed)
     major, minor, _ctx, deleter, flags = fields[:5]
     if major != DLPACK_MAJOR_VERSION:
-        # Read nothing else; the unrenamed capsule's destructor calls the deleter (dlpack.md §4).
+        # Nothing else may be trusted; the unrenamed capsule's destructor calls the deleter
+        # (dlpack.md §4).
         msg = (f"from_dlpack(): the capsule holds a DLPack {major}.{minor} tensor; tensorbridge "
                f"reads major version {DLPACK_MAJOR_VERSION} only. Upgrade tensorbridge or ask the "
                f"producer for max_version={_MAX_VERSION}.")
         raise BufferError(msg)
-    t, owner = _tensor(managed, fields[5:], flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0,
-                       flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0)
-    return t, owner, USED_DLTENSOR_VERSIONED, deleter
+    readonly = flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
+    return _tensor(managed, fields[5:], readonly, flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0), deleter
 
 
-def _commit(capsule: Any, owner: Any, used_name: bytes, deleter: int) -> None:
-    """Take ownership: rename the capsule, then arm the owner.
-
-    Nothing that can fail comes after the rename, so the deleter runs exactly once: by the capsule's
-    destructor if this never happens, by the owner otherwise (dlpack.md §10.2).
-    """
-    _capi.PyCapsule_SetName(capsule, used_name)
-    if deleter:
-        owner.deleter = _DELETERS.get(deleter) or _deleter_function(deleter)
-
-
-def _deleter_function(address: int) -> Any:
-    if len(_DELETERS) >= _DELETERS_MAX:
-        _DELETERS.clear()
-    fn = _DELETERS[address] = DLPackDeleter(address)
-    return fn
-
-
-def _tensor(
-    managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: bool
-) -> tuple[Tensor, Any]:
+def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: bool) -> Tensor:
     """The tensor a DLTensor describes, over a storage spanning exactly the bytes it reaches.
 
     Sizes are Python ints, so a layout whose byte extent does not fit the address space is refused
     rather than wrapped. NULL strides mean row-major: legal before DLPack 1.2 and accepted from any
-    version. Size-0 tensors may have any strides and NULL data (dlpack.md §8).
+    version. Size-0 tensors may have any strides and NULL data (dlpack.md §8). The storage owns the
+    managed tensor, but calls no deleter until `_arm` arms it.
     """
     data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset = dltensor
     dtype = _DTYPE_BY_WORD.get(dtype_word)
@@ -403,10 +597,9 @@ def _tensor(
             both = _read(_INT64_ARRAYS[2 * ndim], shape_p)
         shape, strides = both[:ndim], both[ndim:]
     else:
-        shape, strides = _layout(ndim, shape_p, strides_p)
-    owner = dlpack_owner(managed, None)
-    low = high = 0
-    for size, stride in zip(shape, strides):  # noqa: B905 (equal lengths by construction)
+        shape, strides = _shape_and_strides(ndim, shape_p, strides_p)
+    low = high = 0  # the extent in elements, as `_layout.extent`, checking the sizes on the way
+    for size, stride in zip(shape, strides):  # equal lengths by construction
         if size > 1:
             if stride < 0:
                 low += (size - 1) * stride
@@ -415,8 +608,8 @@ def _tensor(
         elif size == 0:
             if min(shape) < 0:
                 raise _negative_shape(shape)
-            storage = Storage(data or 0, 0, device, readonly, owner, copied)
-            return Tensor._make(storage, 0, shape, strides, dtype), owner
+            storage = DLPackStorage(data or 0, 0, device, readonly, copied, managed)
+            return Tensor._make(storage, 0, shape, strides, dtype)  # no elements: nothing addressed
         elif size < 0:
             raise _negative_shape(shape)
     if not data:
@@ -429,16 +622,16 @@ def _tensor(
         start, offset = data + byte_offset + low * itemsize, -low
     else:
         start, offset, nbytes = _handle_extent(data, byte_offset, (low, high), itemsize, device)
-    if start <= 0 or start + nbytes > _ADDRESS_LIMIT or nbytes > sys.maxsize:
+    if start <= 0 or start + nbytes > ADDRESS_LIMIT or nbytes > sys.maxsize:
         msg = (f"from_dlpack(): the layout (data=0x{data:x}, byte_offset={byte_offset}, shape="
                f"{list(shape)}, strides={list(strides)}, itemsize={itemsize}) reaches outside the "
                f"address space; the producer wrote an invalid capsule.")
         raise BufferError(msg)
-    storage = Storage(start, nbytes, device, readonly, owner, copied)
-    return Tensor._make(storage, offset, shape, strides, dtype), owner
+    storage = DLPackStorage(start, nbytes, device, readonly, copied, managed)
+    return Tensor._make(storage, offset, shape, strides, dtype)
 
 
-def _layout(
+def _shape_and_strides(
     ndim: int, shape_p: int, strides_p: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shape and strides (in elements) behind the DLTensor's pointers."""
@@ -449,7 +642,15 @@ def _layout(
                f"{'set' if shape_p else 'NULL'}; the producer wrote an invalid capsule.")
         raise BufferError(msg)
     shape = _read(_INT64_ARRAYS[ndim], shape_p)
-    return shape, _read(_INT64_ARRAYS[ndim], strides_p) if strides_p else _row_major(shape)
+    if strides_p:
+        return shape, _read(_INT64_ARRAYS[ndim], strides_p)
+    return shape, contiguous_strides(shape)
+
+
+def _negative_shape(shape: tuple[int, ...]) -> BufferError:
+    msg = (f"from_dlpack(): DLTensor.shape has a negative size: {list(shape)}; the producer wrote "
+           f"an invalid capsule.")
+    return BufferError(msg)
 
 
 def _handle_extent(
@@ -465,20 +666,6 @@ def _handle_extent(
         raise BufferError(msg)
     return data, offset, (offset + high + 1) * itemsize
 
-
-def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    acc = 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def _negative_shape(shape: tuple[int, ...]) -> BufferError:
-    msg = (f"from_dlpack(): DLTensor.shape has a negative size: {list(shape)}; the producer wrote "
-           f"an invalid capsule.")
-    return BufferError(msg)
 
 
 def _legacy_pointer(capsule: Any) -> int:
@@ -512,11 +699,10 @@ def _unsupported_dtype(word: int) -> BufferError:
 
 def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None) -> Tensor:
     """``from_dlpack`` with a ``device`` and/or ``copy`` request (the array API semantics)."""
-    if type(ext_tensor) is _CAPSULE_TYPE:
+    if type(ext_tensor) is _CapsuleType:
         return _from_capsule_with(ext_tensor, target, copy)
-    capsule = _request(ext_tensor, target, copy)
-    t, owner, used_name, deleter = _open(capsule)
-    _commit(capsule, owner, used_name, deleter)
+    producer = _PRODUCERS.get(type(ext_tensor)) or _producer(type(ext_tensor))
+    t = _consume(_request(ext_tensor, producer, target, copy))
     if target is not None:
         t = _relabel(t, target)
     if copy and not t._storage.is_copied and t._storage.device.is_host_accessible:
@@ -529,7 +715,7 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
 def _from_capsule_with(capsule: Any, target: Device | None, copy: bool | None) -> Tensor:
     """A capsule with ``device``/``copy``: copied or viewed locally when possible, else a
     `ValueError` with PyTorch's text (PyTorch asserts), leaving the capsule unconsumed."""
-    t, owner, used_name, deleter = _open(capsule)
+    t, used_name, deleter = _open(capsule)
     storage = t._storage
     if (copy and not storage.device.is_host_accessible) or (
         target is not None and _needs_move(storage.device.to_dlpack(), target)
@@ -539,7 +725,7 @@ def _from_capsule_with(capsule: Any, target: Device | None, copy: bool | None) -
                f"{storage.device}, which tensorbridge cannot copy or move to {where}. Import it "
                f"without device and copy, or ask its producer for the device.")
         raise ValueError(msg)
-    _commit(capsule, owner, used_name, deleter)
+    _commit(capsule, storage, used_name, deleter)
     if target is not None:
         t = _relabel(t, target)
     return t.clone() if copy else t
@@ -582,10 +768,11 @@ def _relabel(t: Tensor, target: Device) -> Tensor:
 # -------------------------------------------------------------------------------------------------
 
 # Live exports, keyed by the address of the managed struct:
-#   _EXPORTS[address] = (block, tensor, owner)  the struct with shape and strides, and what keeps
-#                        the memory valid, until the consumer calls `_deleter` (or until reaped);
+#   _EXPORTS[address] = (block, tensor, name)  the struct with shape and strides, and the tensor
+#                        that keeps the memory valid, until the consumer calls `_deleter` (or until
+#                        reaped); the capsule's original name;
 #   _PENDING[address] = capsule  while nobody has been seen to consume the capsule.
-_EXPORTS: dict[int, tuple[Any, Tensor, Any]] = {}
+_EXPORTS: dict[int, tuple[Any, Tensor, bytes]] = {}
 _PENDING: dict[int, Any] = {}
 _REAP_LOCK: Final = threading.Lock()
 # Exports and young-generation collections reap once this many capsules are pending; after a reap
@@ -645,8 +832,9 @@ def _reap() -> None:
         for address, capsule, refs in _refcounts(_PENDING):
             if refs > _UNREFERENCED or _PENDING.get(address) is not capsule:
                 continue
-            if ctypes.string_at(_capi.PyCapsule_GetName(capsule)) in (DLTENSOR, DLTENSOR_VERSIONED):
-                _release(address)
+            export = _EXPORTS.get(address)
+            if export is not None and _capi.PyCapsule_IsValid(capsule, export[2]):
+                _release(address)  # still under its own name: never consumed
             else:
                 _PENDING.pop(address, None)
         _reap_at = max(_REAP_MIN, 2 * len(_PENDING))
@@ -716,7 +904,7 @@ def to_dlpack(tensor: Any) -> Any:
     return _export(tensor, None, None, None, None, "to_dlpack")
 
 
-def _export(  # noqa: PLR0917 (the __dlpack__ arguments, plus the API name for messages)
+def _export(  # the __dlpack__ arguments, plus the API name for messages
     t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any, api: str
 ) -> Any:
     if len(_PENDING) >= _reap_at:
@@ -724,14 +912,16 @@ def _export(  # noqa: PLR0917 (the __dlpack__ arguments, plus the API name for m
     if t._requires_grad:
         msg = f"{api}(): {_TORCH_GRAD}."
         raise BufferError(msg)
-    copy = _as_copy(copy, api)
+    if copy is not None:
+        copy = _as_copy(copy, api)
+    versioned = max_version is not None and _wants_versioned(max_version, api)
     device = t._storage.device
-    versioned = _wants_versioned(max_version, api)
     if stream is not None:
         _check_stream(stream, device, api)
     if dl_device is not None:
         device = _export_device(dl_device, device, copy, api)
-    copied = copy is True or (len(t._strides) > 0 and min(t._strides) < 0)
+    strides = t._strides
+    copied = copy is True or (len(strides) > 0 and min(strides) < 0)
     if copied:
         t = _export_copy(t, copy, api)
     elif t._storage.readonly and not versioned:
@@ -836,6 +1026,15 @@ def _block_layout(versioned: bool, ndim: int) -> tuple[struct.Struct, Any, int]:
 
 def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> Any:
     """Write the managed struct, shape and strides into one block; register it; wrap it."""
+    name = DLTENSOR_VERSIONED if versioned else DLTENSOR
+    address = _new_managed(t, device, versioned, copied, name)
+    capsule = _PENDING[address] = _capi.PyCapsule_New(address, name, None)
+    return capsule
+
+
+def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool, name: bytes) -> int:
+    """Write a ``DLManagedTensor(Versioned)`` for ``t``, with its shape and strides, into one
+    block that `_EXPORTS` keeps, with ``t``, until `_deleter` runs; return the block's address."""
     storage = t._storage
     shape, strides = t._shape, t._strides
     ndim = len(shape)
@@ -848,103 +1047,53 @@ def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> An
         data, byte_offset = storage.ptr + t._offset * itemsize, 0  # as NumPy and PyTorch do
     else:
         data, byte_offset = storage.ptr, t._offset * itemsize  # a handle: no pointer arithmetic
-    fmt, block_type, shape_at = _block_layout(versioned, ndim)
+    fmt, block_type, shape_at = _BLOCKS.get((versioned, ndim)) or _block_layout(versioned, ndim)
     block = block_type()
-    address = ctypes.addressof(block)
+    address: int = ctypes.addressof(block)
     shape_p = address + shape_at
-    strides_p = shape_p + 8 * ndim
-    keep = (block, t, storage.owner)
-    ctx = id(keep)  # manager_ctx: opaque to consumers; the registry entry that keeps it all alive
-    dltensor = (data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, strides_p, byte_offset)
+    # manager_ctx is opaque to consumers: the block's own address, the key of its registry entry.
+    dltensor = (data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, shape_p + 8 * ndim,
+                byte_offset)
     if versioned:
         flags = (DLPACK_FLAG_BITMASK_IS_COPIED if copied
                  else DLPACK_FLAG_BITMASK_READ_ONLY if storage.readonly else 0)
-        fmt.pack_into(block, 0, *_MAX_VERSION, ctx, _DELETER_ADDRESS, flags, *dltensor, *shape,
-                      *strides)
-        capsule = _capi.PyCapsule_New(address, DLTENSOR_VERSIONED, None)
+        fmt.pack_into(block, 0, *_MAX_VERSION, address, _DELETER_ADDRESS, flags, *dltensor,
+                      *shape, *strides)
     else:
-        fmt.pack_into(block, 0, *dltensor, ctx, _DELETER_ADDRESS, *shape, *strides)
-        capsule = _capi.PyCapsule_New(address, DLTENSOR, None)
-    _EXPORTS[address] = keep
-    _PENDING[address] = capsule
-    return capsule
+        fmt.pack_into(block, 0, *dltensor, address, _DELETER_ADDRESS, *shape, *strides)
+    _EXPORTS[address] = (block, t, name)
+    return address
+
+
+def exchange_export(t: Tensor, cls: type) -> Any:
+    """``t`` as an instance of ``cls``, through the C exchange API that ``cls`` advertises.
+
+    ``managed_tensor_to_py_object_no_sync`` wraps a managed tensor with no capsule and no
+    ``__dlpack__`` call. The caller has done the checks ``__dlpack__`` would do (requires_grad,
+    read-only, negative strides, ...). For host memory only: ``*_no_sync`` orders nothing on a
+    stream. The new object owns the export and calls our deleter when it dies, as a capsule's
+    consumer would. Returns None, having released the export, when ``cls`` has no exchange API
+    or its function refuses the tensor: the caller then goes through ``from_dlpack``, whose
+    refusal is the framework's own.
+    """
+    exchange = (_PRODUCERS.get(cls) or _producer(cls)).exchange
+    if exchange is None or not t._storage.device.is_host_accessible:
+        return None
+    address = _new_managed(t, t._storage.device, True, False, DLTENSOR_VERSIONED)
+    out = ctypes.c_void_p()
+    try:
+        failed = exchange.to_py(address, ctypes.byref(out))
+    except Exception:  # from_dlpack raises the refusal again, in the framework's words
+        failed = True
+    if failed or not out.value:
+        _release(address)  # forgetting an export twice is harmless, should the framework have too
+        return None
+    return _capi.steal(out.value)
 
 
 # -------------------------------------------------------------------------------------------------
 # CUDA stream ordering for re-exported device memory
 # -------------------------------------------------------------------------------------------------
-
-class _CudaDriver:
-    """The CUDA driver calls that order a consumer's stream after the legacy default stream.
-
-    Loaded on first use (a CUDA tensor exported with a raw ``cudaStream_t``): tensorbridge has no
-    CUDA dependency otherwise. The calls run in the device's primary context.
-    """
-
-    CU_EVENT_DISABLE_TIMING: Final = 2
-    CU_STREAM_LEGACY: Final = 1
-
-    def __init__(self, lib: Any) -> None:
-        vp, pvp = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
-        i, u = ctypes.c_int, ctypes.c_uint
-
-        def bind(name: str, *argtypes: Any) -> Any:
-            fn = getattr(lib, name)  # this CDLL object is tensorbridge's own: setting types is safe
-            fn.restype, fn.argtypes = ctypes.c_int, list(argtypes)
-            return fn
-
-        self.device_get = bind("cuDeviceGet", ctypes.POINTER(i), i)
-        self.retain = bind("cuDevicePrimaryCtxRetain", pvp, i)
-        self.release = bind("cuDevicePrimaryCtxRelease_v2", i)
-        self.push = bind("cuCtxPushCurrent_v2", vp)
-        self.pop = bind("cuCtxPopCurrent_v2", pvp)
-        self.event_create = bind("cuEventCreate", pvp, u)
-        self.event_record = bind("cuEventRecord", vp, vp)
-        self.event_destroy = bind("cuEventDestroy_v2", vp)
-        self.stream_wait = bind("cuStreamWaitEvent", vp, vp, u)
-        self.check(bind("cuInit", u)(0), "cuInit")
-
-    @staticmethod
-    def check(status: int, what: str) -> None:
-        if status != 0:
-            msg = (f"__dlpack__(): {what} failed with CUDA error {status}; the consumer's stream "
-                   f"cannot be ordered after the data.")
-            raise BufferError(msg)
-
-    def wait_on_legacy(self, device_id: int, stream: int) -> None:
-        """Make ``stream`` wait for the work queued so far on the legacy default stream."""
-        dev = ctypes.c_int()
-        self.check(self.device_get(ctypes.byref(dev), device_id), "cuDeviceGet")
-        ctx = ctypes.c_void_p()
-        self.check(self.retain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-        try:
-            self.check(self.push(ctx), "cuCtxPushCurrent")
-            try:
-                self._wait(stream)
-            finally:
-                self.pop(ctypes.byref(ctypes.c_void_p()))
-        finally:
-            self.release(dev)
-
-    def _wait(self, stream: int) -> None:
-        event = ctypes.c_void_p()
-        self.check(self.event_create(ctypes.byref(event), self.CU_EVENT_DISABLE_TIMING),
-                   "cuEventCreate")
-        try:
-            self.check(self.event_record(event, self.CU_STREAM_LEGACY), "cuEventRecord")
-            self.check(self.stream_wait(stream, event, 0), "cuStreamWaitEvent")
-        finally:
-            self.event_destroy(event)
-
-
-_CUDA: list[_CudaDriver] = []
-
-
-def _cuda_driver() -> _CudaDriver:
-    if not _CUDA:
-        _CUDA.append(_CudaDriver(ctypes.CDLL("nvcuda.dll" if sys.platform == "win32"
-                                             else "libcuda.so.1")))
-    return _CUDA[0]
 
 
 def _cuda_wait_on_legacy_stream(device_id: int, stream: int, api: str) -> None:
@@ -954,10 +1103,9 @@ def _cuda_wait_on_legacy_stream(device_id: int, stream: int, api: str) -> None:
     legacy default stream. Stream 1 (that stream) and 2 (per-thread default, which synchronises
     with it) need nothing; a raw stream may be non-blocking and gets an event wait (dlpack.md §5).
     """
-    try:
-        driver = _cuda_driver()
-    except OSError as exc:
-        msg = (f"{api}(): stream={stream} needs the CUDA driver library to order the consumer's "
-               f"stream, and it could not be loaded ({exc}). Pass stream=None, 1 or -1.")
-        raise BufferError(msg) from None
-    driver.wait_on_legacy(device_id, stream)
+    driver = _cuda.driver()
+    if driver is None:
+        msg = (f"{api}(): stream={stream} needs the CUDA driver (libcuda) to order the consumer's "
+               f"stream after the data, and none could be loaded. Pass stream=None, 1 or -1.")
+        raise BufferError(msg)
+    driver.wait_on_legacy_stream(stream, device_id, api)

@@ -23,26 +23,24 @@ tensor is built. Without a driver the import is refused with `BufferError`: neve
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import functools
 import importlib
 import math
 import sys
-from collections.abc import Iterator
 from typing import Any, Final, NamedTuple
 
-from . import _capi, _dtype, _layout
+from . import _capi, _cuda, _dlpack, _dtype, _layout
 from ._device import CPU, Device
 from ._dtype import BY_TYPESTR, DType
 from ._layout import _as_int
-from ._storage import Storage, hold_buffer
+from ._storage import ADDRESS_LIMIT, Storage, hold_buffer
 from ._tensor import Tensor, _from_bytes
 
 __all__ = [
     "ArrowArray",
     "ArrowArrayStream",
     "ArrowSchema",
+    "array_interface",
     "cuda_array_interface",
     "import_array_interface",
     "import_arrow_array",
@@ -56,9 +54,6 @@ __all__ = [
 ]
 
 _is_finalizing = sys.is_finalizing
-
-# One past the highest address a pointer can hold on this platform.
-_ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
 
 _NATIVE_ORDER: Final = "<" if sys.byteorder == "little" else ">"
 
@@ -89,7 +84,7 @@ def wrap_memory(
         raise ValueError(msg)
     low, high = span if span is not None else (offset, offset - 1)
     start, stop = ptr + low * itemsize, ptr + (high + 1) * itemsize
-    if start < 0 or stop > _ADDRESS_LIMIT or stop - start > sys.maxsize:
+    if start < 0 or stop > ADDRESS_LIMIT or stop - start > sys.maxsize:
         msg = (f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} from "
                f"pointer 0x{ptr:x} reach bytes [{start}, {stop}), outside the address space. "
                f"Check the pointer, strides and shape.")
@@ -277,7 +272,7 @@ def import_cuda_array_interface(obj: object, iface: object, api: str) -> Tensor:
         raise ValueError(msg)
     ptr, readonly = _data_pointer(iface["data"], api, name)
     stream = _cai_stream(iface.get("stream"), api)
-    driver = _cuda_driver()
+    driver = _cuda.driver()
     if driver is None:
         if stream is not None:
             msg = (f"{api}(): {name} asks the consumer to synchronise with stream {stream:#x}, but no CUDA "
@@ -306,117 +301,48 @@ def _cai_stream(stream: object, api: str) -> int | None:
     return value
 
 
-# ---------------------------------------------------------------------------------------------- CUDA driver
-_CUresult = ctypes.c_int
-_CUDA_ERROR_INVALID_CONTEXT: Final = 201
-_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: Final = 9
-_LEGACY_OR_PER_THREAD: Final = (1, 2)  # stream handles that mean "the current context's default stream"
 _CAI_EXPORT_STREAM: Final = 1  # the legacy default stream (see cuda_array_interface)
-
-
-class _CudaDriver:
-    """The few CUDA driver entry points the CUDA Array Interface needs, through private prototypes.
-
-    ``CFUNCTYPE`` releases the GIL during each call, so waiting for a stream does not block other threads.
-    """
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        def bind(name: str, *argtypes: Any) -> Any:
-            return ctypes.CFUNCTYPE(_CUresult, *argtypes)((name, lib))
-
-        vp, pvp, cint = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int
-        self.cuInit = bind("cuInit", ctypes.c_uint)
-        self.cuPointerGetAttribute = bind("cuPointerGetAttribute", vp, cint, ctypes.c_uint64)
-        self.cuStreamSynchronize = bind("cuStreamSynchronize", vp)
-        self.cuDeviceGet = bind("cuDeviceGet", ctypes.POINTER(cint), cint)
-        self.cuDevicePrimaryCtxRetain = bind("cuDevicePrimaryCtxRetain", pvp, cint)
-        self.cuDevicePrimaryCtxRelease = bind("cuDevicePrimaryCtxRelease_v2", cint)
-        self.cuCtxPushCurrent = bind("cuCtxPushCurrent_v2", vp)
-        self.cuCtxPopCurrent = bind("cuCtxPopCurrent_v2", pvp)
-        self.cuGetErrorName = bind("cuGetErrorName", cint, ctypes.POINTER(ctypes.c_char_p))
-
-    def _check(self, rc: int, what: str, api: str) -> None:
-        if rc == 0:
-            return
-        text = ctypes.c_char_p()
-        name = text.value.decode() if self.cuGetErrorName(rc, ctypes.byref(text)) == 0 and text.value else ""
-        msg = f"{api}(): {what} failed with CUDA error {rc} {name}."
-        raise BufferError(msg)
-
-    def pointer_device(self, ptr: int, api: str) -> int:
-        """The device number owning ``ptr``; memory the driver does not know is a `BufferError`."""
-        ordinal = ctypes.c_int()
-        rc = self.cuPointerGetAttribute(ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
-        self._check(rc, f"looking up the device of __cuda_array_interface__ pointer 0x{ptr:x}", api)
-        return ordinal.value
-
-    @contextlib.contextmanager
-    def _primary_context(self, ordinal: int, api: str) -> Iterator[None]:
-        """Make the primary context of device ``ordinal`` current (retained) for the ``with`` block."""
-        device, ctx = ctypes.c_int(), ctypes.c_void_p()
-        self._check(self.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet", api)
-        self._check(self.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain", api)
-        try:
-            self._check(self.cuCtxPushCurrent(ctx), "cuCtxPushCurrent", api)
-            try:
-                yield
-            finally:
-                self.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
-        finally:
-            self.cuDevicePrimaryCtxRelease(device)
-
-    def synchronize(self, stream: int, device: int, api: str) -> None:
-        """Wait on the host until ``stream`` has finished its work.
-
-        The default-stream handles (1, 2) name a stream of the *current* context, so the primary context
-        of the memory's device is made current around the call; other handles carry their context,
-        which is made current only if the driver asks for one.
-        """
-        what = f"synchronising __cuda_array_interface__ stream {stream:#x}"
-        if stream not in _LEGACY_OR_PER_THREAD:
-            rc = self.cuStreamSynchronize(stream)
-            if rc != _CUDA_ERROR_INVALID_CONTEXT:
-                self._check(rc, what, api)
-                return
-        with self._primary_context(device, api):
-            self._check(self.cuStreamSynchronize(stream), what, api)
-
-
-_DRIVER_NAMES: Final = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
-
-
-@functools.cache
-def _cuda_driver() -> _CudaDriver | None:
-    """The CUDA driver, loaded and initialised once; None when there is no usable driver or GPU."""
-    for name in _DRIVER_NAMES:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        try:
-            driver = _CudaDriver(lib)
-        except AttributeError:  # a driver too old to have every entry point
-            return None
-        return driver if driver.cuInit(0) == 0 else None
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- export
 def interface_dict(t: Tensor, typestr: str) -> dict[str, Any]:
     """The fields ``__array_interface__`` and ``__cuda_array_interface__`` share (version 3).
 
-    ``strides`` is None for C-contiguous tensors (the spec's preferred form) and byte strides otherwise;
-    an empty tensor exports data pointer 0, as the CUDA interface requires.
+    ``data`` is ``(pointer to element [0, ..., 0], read-only flag)``, the pointer 0 for an empty
+    tensor (as the CUDA interface requires); ``strides`` is None for C-contiguous tensors (both
+    specs' preferred form) and byte strides otherwise. ``descr`` is left out: it is optional in
+    both, and would only restate ``typestr``.
     """
-    itemsize = t.itemsize
+    itemsize = t._dtype.itemsize
     return {
-        "shape": tuple(t.shape),
-        "typestr": typestr,
-        "descr": [("", typestr)],
-        "data": (t.data_ptr() if t.numel() else 0, t.is_readonly),
-        "strides": None if t.is_contiguous() else tuple(s * itemsize for s in t._strides),
         "version": 3,
+        "shape": tuple(t._shape),
+        "typestr": typestr,
+        "data": (t.data_ptr() if t.numel() else 0, t._storage.readonly),
+        "strides": None if t.is_contiguous() else tuple(s * itemsize for s in t._strides),
     }
+
+
+def array_interface(t: Tensor) -> dict[str, Any]:
+    """``Tensor.__array_interface__``: NumPy's array interface (version 3) of a host tensor.
+
+    ``numpy.asarray(t)`` then shares the memory without copying: NumPy keeps a reference to ``t`` (the
+    array's ``base``), which keeps the memory alive. ``data`` carries the read-only flag, so the array
+    of a read-only tensor is read-only.
+
+    Raises:
+        AttributeError: the memory is not on the host, or NumPy has no typestr for the dtype
+            (bfloat16, float8, ...). AttributeError makes ``hasattr(t, "__array_interface__")``
+            False, so NumPy goes on to its other protocols.
+    """
+    storage = t._storage
+    typestr = t._dtype.typestr
+    if typestr is None or not storage.device.is_host_accessible:
+        reason = (f"NumPy has no typestr for {t._dtype}" if typestr is None
+                  else f"the memory is on {storage.device}, not on the host")
+        msg = f"__array_interface__: not available, {reason}; use __dlpack__() instead."
+        raise AttributeError(msg)
+    return interface_dict(t, typestr)
 
 
 def cuda_array_interface(t: Tensor) -> dict[str, Any]:
@@ -683,6 +609,9 @@ def import_arrow_stream(method: Any, copy: bool | None, api: str) -> tuple[Tenso
 # ---------------------------------------------------------------------------------------------- peers
 def _peer(module: str, api: str) -> Any:
     """Import a peer library lazily, with an error that names what to install."""
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        return loaded  # already imported: skip the import machinery on every conversion
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -765,7 +694,8 @@ def _for_torch(t: Tensor) -> Tensor:
 def to_torch(t: Tensor, *, force: bool = False) -> Any:
     """``Tensor.torch()``: a ``torch.Tensor`` sharing this memory, keeping ``requires_grad``.
 
-    Zero-copy through ``torch.from_dlpack``; the torch tensor keeps this memory alive. PyTorch cannot
+    Zero-copy, through PyTorch's C exchange API when it has one (``Tensor.__dlpack_c_exchange_api__``,
+    no capsule), else ``torch.from_dlpack``; the torch tensor keeps this memory alive. PyTorch cannot
     represent two things tensorbridge can, and sharing them would be silently wrong, so both are a
     `BufferError` unless ``force=True``, which hands PyTorch a private copy instead:
 
@@ -773,18 +703,25 @@ def to_torch(t: Tensor, *, force: bool = False) -> Any:
     * negative strides: PyTorch has none, and ``torch.from_dlpack`` aborts on them (pytorch/pytorch#188023).
     """
     torch = _peer("torch", "torch")
-    src = _for_torch(t)
+    strides = t._strides
+    negative = len(strides) > 0 and min(strides) < 0
     reason = ("it is read-only and PyTorch has no read-only tensors (writes would reach the read-only memory)"
-              if t.is_readonly else
-              "it has negative strides, which PyTorch cannot represent" if _has_negative_stride(t) else None)
+              if t._storage.readonly else
+              "it has negative strides, which PyTorch cannot represent"
+              if negative and _has_negative_stride(t) else None)
     if reason is not None:
         if not force:
             msg = (f"torch(): cannot share this tensor with PyTorch: {reason}. Pass force=True (or call "
                    f"clone() first) to give PyTorch a copy.")
             raise BufferError(msg)
-        src = src.clone()
-    out = torch.from_dlpack(src)
-    return out.requires_grad_(True) if t.requires_grad else out
+        src = _for_torch(t).clone()
+    else:
+        # Exported as it is unless it requires grad (refused by __dlpack__) or has negative strides.
+        src = _for_torch(t) if negative or t._requires_grad else t
+    out = _dlpack.exchange_export(src, torch.Tensor)  # no capsule, when torch has the C exchange API
+    if out is None:
+        out = torch.from_dlpack(src)
+    return out.requires_grad_(True) if t._requires_grad else out
 
 
 def to_jax(t: Tensor) -> Any:

@@ -4,10 +4,14 @@ A `Storage` names a byte range ``[ptr, ptr + nbytes)`` on a device and holds the
 lifetime keeps that range valid. Views (tensors) hold the storage; when the last view dies the storage
 dies, the owner dies, and the owner releases the memory:
 
-* `_Allocation`   memory tensorbridge allocated (zeroed, 64-byte aligned); freed by Python's allocator.
-* `_HeldBuffer`   a ``Py_buffer`` export held open; ``PyBuffer_Release`` exactly once (compat.md F1).
-* `_DLPackOwner`  an imported DLPack managed tensor; its ``deleter`` called exactly once.
-* any object      for `from_pointer`: the caller's owner object is simply kept alive.
+* `_Allocation`    memory tensorbridge allocated (zeroed, 64-byte aligned); freed by Python's allocator.
+* any object       for `from_pointer`: the caller's owner object is simply kept alive.
+
+Two kinds of storage are their own owner, so that an import builds one object where it would build two
+(imports are the hot path: a few microseconds in all):
+
+* `BufferStorage`  a ``Py_buffer`` export held open; ``PyBuffer_Release`` exactly once (compat.md F1).
+* `DLPackStorage`  an imported DLPack managed tensor; its ``deleter`` called exactly once.
 
 Owners release in ``__del__`` rather than through ``weakref.finalize``: ``__del__`` runs exactly once per
 object (PEP 442), costs nothing at construction (finalize registers a global entry, ~1 µs, on the
@@ -29,6 +33,9 @@ __all__ = ["ALIGNMENT", "Storage", "allocate"]
 # 64 bytes: what JAX needs to import without copying (dlpack.md §12.6), and a cache line.
 ALIGNMENT: Final = 64
 
+# One past the highest address a pointer can hold on this platform.
+ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
+
 _is_finalizing = sys.is_finalizing
 
 
@@ -40,11 +47,13 @@ class Storage:
         nbytes: length of the range the views may touch.
         device: where the memory lives.
         readonly: True when nothing may be written through any view.
-        owner: the object whose lifetime keeps the memory valid.
+        owner: the object whose lifetime keeps the memory valid (None: the creator vouches for the
+            memory, as `from_pointer` without an owner does); a storage that owns its memory
+            (`DLPackStorage`) is its own owner.
         is_copied: the producer handed over a private copy (DLPack ``IS_COPIED``).
     """
 
-    __slots__ = ("__weakref__", "_mv", "device", "is_copied", "nbytes", "owner", "ptr", "readonly")
+    __slots__ = ("__weakref__", "_mv", "_owner", "device", "is_copied", "nbytes", "ptr", "readonly")
 
     def __init__(
         self, ptr: int, nbytes: int, device: Device, readonly: bool, owner: object, is_copied: bool = False
@@ -53,9 +62,18 @@ class Storage:
         self.nbytes = nbytes
         self.device = device
         self.readonly = readonly
-        self.owner = owner
+        self._owner = owner
         self.is_copied = is_copied
         self._mv: memoryview | None = None
+
+    @property
+    def owner(self) -> object:
+        """The object whose lifetime keeps the memory valid (see the class docstring)."""
+        return self._owner
+
+    @owner.setter
+    def owner(self, owner: object) -> None:
+        self._owner = owner  # `_buffer.share_memory` moves a storage into new memory
 
     def host_view(self, api: str) -> memoryview:
         """A writable unsigned-byte memoryview of the whole range; only for host-accessible memory.
@@ -106,15 +124,42 @@ def allocate(nbytes: int, device: Device = CPU) -> Storage:
     return Storage(block.ptr, nbytes, CPU, False, block)
 
 
-class _HeldBuffer:
-    """A buffer export held open for the owner's lifetime (``PyObject_GetBuffer`` ... ``PyBuffer_Release``)."""
+class _SelfOwned(Storage):
+    """A storage that owns its memory and releases it itself, exactly once, when it dies.
+
+    ``owner`` is the storage itself (computed: a stored self-reference would be a cycle, which only
+    the garbage collector could break), or whatever `_buffer.share_memory` moved it into.
+    """
+
+    __slots__ = ()
+
+    @property
+    def owner(self) -> object:
+        """This storage; or where its memory was moved to."""
+        moved = self._owner
+        return self if moved is None else moved
+
+    @owner.setter
+    def owner(self, owner: object) -> None:
+        self._owner = owner
+
+
+class BufferStorage(_SelfOwned):
+    """A buffer export held open (``PyObject_GetBuffer`` ... ``PyBuffer_Release`` exactly once).
+
+    It spans the exporter's whole buffer; `_buffer.frombuffer` narrows it to the bytes it views
+    before anything else sees it. Other importers use it as the owner of their own storage (see
+    `hold_buffer`).
+    """
 
     __slots__ = ("view",)
 
     def __init__(self, obj: object, flags: int) -> None:
-        self.view = _capi.Py_buffer()
+        view = self.view = _capi.Py_buffer()
         # The Py_buffer holds the one strong reference to the exporter (view.obj) until released.
-        _capi.PyObject_GetBuffer(obj, self.view, flags)
+        # If the request fails, view.obj stays NULL and __del__ releases nothing.
+        _capi.PyObject_GetBuffer(obj, view, flags)
+        Storage.__init__(self, view.buf or 0, view.len, CPU, view.readonly != 0, None)
 
     @property
     def obj(self) -> object:
@@ -127,28 +172,31 @@ class _HeldBuffer:
         _capi.PyBuffer_Release(self.view)
 
 
-def hold_buffer(obj: object, flags: int) -> tuple[_HeldBuffer, _capi.Py_buffer]:
-    """Acquire ``obj``'s buffer with ``flags`` and return the owner that releases it exactly once."""
-    held = _HeldBuffer(obj, flags)
+def hold_buffer(obj: object, flags: int) -> tuple[BufferStorage, _capi.Py_buffer]:
+    """Acquire ``obj``'s buffer with ``flags``: the owner that releases it exactly once, and the view."""
+    held = BufferStorage(obj, flags)
     return held, held.view
 
 
-class _DLPackOwner:
-    """An imported DLPack managed tensor whose ``deleter`` runs exactly once, when the owner dies."""
+class DLPackStorage(_SelfOwned):
+    """The storage of an imported DLPack managed tensor, which it owns: its ``deleter`` runs exactly
+    once, when the storage dies.
+
+    ``deleter`` starts as None and is armed only once the import has succeeded (until then the
+    producer's capsule still owns the tensor); a NULL deleter stays None.
+    """
 
     __slots__ = ("deleter", "managed")
 
-    def __init__(self, managed: int, deleter: Any) -> None:
-        self.managed = managed
-        self.deleter = deleter  # a ctypes function pointer, or None for a NULL deleter
+    def __init__(
+        self, ptr: int, nbytes: int, device: Device, readonly: bool, is_copied: bool, managed: int
+    ) -> None:
+        Storage.__init__(self, ptr, nbytes, device, readonly, None, is_copied)
+        self.managed = managed  # the DLManagedTensor(Versioned)* handed to the deleter
+        self.deleter: Any = None  # a ctypes function pointer, once armed
 
     def __del__(self) -> None:
         deleter, self.deleter = self.deleter, None
         if deleter is None or _is_finalizing():
             return
         deleter(self.managed)
-
-
-def dlpack_owner(managed: int, deleter: Any) -> _DLPackOwner:
-    """The owner for an imported managed tensor at address ``managed`` (deleter may be None)."""
-    return _DLPackOwner(managed, deleter)
