@@ -156,7 +156,32 @@ def test_memoryview_keeps_memory_alive():
     assert part.tolist() == [3, 4, 5]
     del churn, part
     gc.collect()
-    assert not _buffer._KEEP_ALIVE
+    assert not _buffer._EXPORTS
+
+
+def test_memoryview_in_a_reference_cycle_is_collected_safely(subprocess_run):
+    """A memoryview (and a slice) caught in a garbage cycle is collected without crashing.
+
+    CPython < 3.13 crashed in the collector when a view of a view sat in unreachable garbage.
+    """
+    proc = subprocess_run(
+        """
+        import gc, tensorbridge as tb
+        from tensorbridge import _buffer
+        for _ in range(3):
+            t = tb.arange(24, dtype=tb.int32)[7:]
+            mv = t.as_memoryview()
+            part = mv[1:]
+            cycle = [mv, part]
+            cycle.append(cycle)
+            del mv, part, cycle, t
+            gc.collect()
+        assert not _buffer._EXPORTS, _buffer._EXPORTS
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
 
 
 def test_memoryview_of_a_bytearray_view_keeps_the_export():

@@ -25,10 +25,10 @@ import atexit
 import contextlib
 import ctypes
 import functools
+import gc
 import operator
 import pickle
 import sys
-import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 from . import _capi
@@ -206,16 +206,34 @@ _BYTE_FORMAT: Final = b"B"
 # PyMemoryView_FromBuffer refuses NULL: a view of zero bytes needs some valid address.
 _EMPTY: Final = ctypes.c_char()
 
-# What the inner views of `_host_memoryview` keep alive, by id(inner view). A writable memoryview
-# cannot be hashed, so neither can a weak reference to it: the entry holds the weak reference,
-# whose callback drops the entry when the view dies (before its id can be reused).
-_KEEP_ALIVE: Final[dict[int, tuple[object, ...]]] = {}
+# The private inner views of `_host_memoryview`, each with what it keeps alive (the memory's owner
+# and the shape/strides arrays its manager points at). They are held strongly, never left to the
+# garbage collector: on CPython < 3.13 a memoryview whose base is another memoryview can crash the
+# collector when both sit in unreachable garbage (``mbuf_clear`` releases the base while it is
+# being cleared). An inner view leaves the registry only once no export of it remains, which
+# ``memoryview.release()`` reports by refusing with `BufferError`.
+_EXPORTS: Final[list[tuple[memoryview, object, object, object]]] = []
+_REAP_AT: list[int] = [64]  # next registry size that triggers a reap on export (doubles when kept)
 
 
-def _keep_alive(view: memoryview, *objects: object) -> None:
-    key = id(view)
-    ref = weakref.ref(view, lambda _ref: _KEEP_ALIVE.pop(key, None))
-    _KEEP_ALIVE[key] = (ref, *objects)
+def _reap_exports() -> None:
+    """Forget every inner view nothing exports any more (its owner may then free the memory)."""
+    kept = []
+    for entry in _EXPORTS:
+        try:
+            entry[0].release()
+        except BufferError:  # a handed-out view (or a slice of it) still lives
+            kept.append(entry)
+    _EXPORTS[:] = kept
+    _REAP_AT[0] = max(64, 2 * len(kept))
+
+
+def _reap_after_gc(phase: str, _info: dict[str, Any]) -> None:
+    if phase == "stop" and _EXPORTS:
+        _reap_exports()
+
+
+gc.callbacks.append(_reap_after_gc)
 
 
 def _host_memoryview(
@@ -225,11 +243,11 @@ def _host_memoryview(
 
     ``PyMemoryView_FromBuffer`` builds a view with any format and shape (``Zf``, ``e``, shapes
     with zeros: ``memoryview.cast`` makes none of them) but owns nothing. So the view it returns
-    stays private (``inner``) and holds ``owner`` through a weak-reference callback, and the view
-    handed out is a new buffer export of ``inner``: ``pickle.PickleBuffer`` re-exports it, where
-    ``memoryview(inner)`` would share inner's unowned buffer manager instead. Every slice, cast or
-    re-export of the result shares a manager that holds ``inner``, so ``owner`` lives exactly as
-    long as the last of them.
+    stays private (``inner``, held with ``owner`` in `_EXPORTS`), and the view handed out is a new
+    buffer export of ``inner``: ``pickle.PickleBuffer`` re-exports it, where ``memoryview(inner)``
+    would share inner's unowned buffer manager instead. Every slice, cast or re-export of the
+    result shares a manager that holds an export of ``inner``, so ``owner`` lives at least as long
+    as the last of them; the registry is reaped after each garbage collection and as it grows.
     """
     ndim = len(shape)
     nbytes = itemsize
@@ -249,7 +267,9 @@ def _host_memoryview(
     inner = _capi.PyMemoryView_FromBuffer(view)
     # `inner` copied shape and strides; keeping the arrays as well means that no pointer left in
     # its manager's master Py_buffer can ever dangle.
-    _keep_alive(inner, owner, shape_array, strides_array)
+    if len(_EXPORTS) >= _REAP_AT[0]:
+        _reap_exports()
+    _EXPORTS.append((inner, owner, shape_array, strides_array))
     return memoryview(pickle.PickleBuffer(inner))
 
 
