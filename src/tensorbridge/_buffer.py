@@ -29,6 +29,7 @@ import gc
 import operator
 import pickle
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 from . import _capi
@@ -213,7 +214,9 @@ _EMPTY: Final = ctypes.c_char()
 # being cleared). An inner view leaves the registry only once no export of it remains, which
 # ``memoryview.release()`` reports by refusing with `BufferError`.
 _EXPORTS: Final[list[tuple[memoryview, object, object, object]]] = []
-_REAP_AT: list[int] = [64]  # next registry size that triggers a reap on export (doubles when kept)
+_REAP_AT: list[int] = [64]
+# Weak references to the handed-out views, by id (a writable memoryview is unhashable).
+_OUTER_REFS: Final[dict[int, Any]] = {}  # next registry size that triggers a reap on export (doubles when kept)
 
 
 def _reap_exports() -> None:
@@ -269,8 +272,25 @@ def _host_memoryview(
     # its manager's master Py_buffer can ever dangle.
     if len(_EXPORTS) >= _REAP_AT[0]:
         _reap_exports()
-    _EXPORTS.append((inner, owner, shape_array, strides_array))
-    return memoryview(pickle.PickleBuffer(inner))
+    entry = (inner, owner, shape_array, strides_array)
+    _EXPORTS.append(entry)
+    outer = memoryview(pickle.PickleBuffer(inner))
+    # The common case, no slice outliving the view: let go as soon as the view dies.
+    _OUTER_REFS[id(outer)] = weakref.ref(outer, lambda _ref, key=id(outer): _forget(key, entry))
+    return outer
+
+
+def _forget(key: int, entry: tuple[memoryview, object, object, object]) -> None:
+    """The handed-out view died: drop its inner view now unless a slice still exports it."""
+    _OUTER_REFS.pop(key, None)
+    try:
+        entry[0].release()
+    except BufferError:
+        return  # a slice or cast of it lives on; a later reap frees it
+    for i, held in enumerate(_EXPORTS):
+        if held is entry:  # by identity: memoryviews compare by content
+            del _EXPORTS[i]
+            break
 
 
 def buffer_export(t: Tensor, flags: int) -> memoryview:

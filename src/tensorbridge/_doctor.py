@@ -287,10 +287,8 @@ class _SharedMemoryBuffer:
         cast("memoryview", self.shm.buf)[: len(raw)] = raw
 
     def close(self) -> None:
-        try:
-            self.shm.close()
-        finally:
-            self.shm.unlink()
+        self.shm.close()  # BufferError while an export is held: the caller collects and retries
+        self.shm.unlink()
 
 
 def _stdlib_producers() -> list[Side]:
@@ -324,7 +322,8 @@ class _SharedMemorySide(_Stdlib):
         return block.shm.buf
 
     def release(self, x: Any) -> None:
-        self._blocks.pop(id(x)).close()  # closes the map and unlinks the name
+        self._blocks[id(x)].close()  # closes the map and unlinks the name; BufferError if held
+        del self._blocks[id(x)]
 
 
 class _MemoryviewSide(Side):
