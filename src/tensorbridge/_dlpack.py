@@ -1043,6 +1043,9 @@ def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool, name:
     dev_type, dev_id = device.to_dlpack()
     if 0 in shape:
         data, byte_offset = 0, 0  # dlpack.h: NULL data for size-0 tensors
+        # The strides of a size-0 tensor address nothing; those past int64 (row-major strides of
+        # a huge empty shape) are written as 0 rather than refused.
+        strides = tuple(st if -(2**63) <= st < 2**63 else 0 for st in strides)
     elif dev_type in _ADDRESSABLE:
         data, byte_offset = storage.ptr + t._offset * itemsize, 0  # as NumPy and PyTorch do
     else:
@@ -1054,13 +1057,21 @@ def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool, name:
     # manager_ctx is opaque to consumers: the block's own address, the key of its registry entry.
     dltensor = (data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, shape_p + 8 * ndim,
                 byte_offset)
-    if versioned:
-        flags = (DLPACK_FLAG_BITMASK_IS_COPIED if copied
-                 else DLPACK_FLAG_BITMASK_READ_ONLY if storage.readonly else 0)
-        fmt.pack_into(block, 0, *_MAX_VERSION, address, _DELETER_ADDRESS, flags, *dltensor,
-                      *shape, *strides)
-    else:
-        fmt.pack_into(block, 0, *dltensor, address, _DELETER_ADDRESS, *shape, *strides)
+    try:
+        if versioned:
+            flags = (DLPACK_FLAG_BITMASK_IS_COPIED if copied
+                     else DLPACK_FLAG_BITMASK_READ_ONLY if storage.readonly else 0)
+            fmt.pack_into(block, 0, *_MAX_VERSION, address, _DELETER_ADDRESS, flags, *dltensor,
+                          *shape, *strides)
+        else:
+            fmt.pack_into(block, 0, *dltensor, address, _DELETER_ADDRESS, *shape, *strides)
+    except struct.error:
+        # Only a tensor imported from a lying producer gets here: e.g. a device handle plus
+        # byte_offset beyond 64 bits. DLPack's fixed-width fields cannot carry it.
+        msg = (f"__dlpack__(): the tensor's layout (data=0x{data:x}, byte_offset={byte_offset}, "
+               f"shape={list(shape)}, strides={list(strides)}) does not fit DLPack's 64-bit "
+               f"fields; it cannot be exported. Export a clone() of host memory instead.")
+        raise BufferError(msg) from None
     _EXPORTS[address] = (block, t, name)
     return address
 
