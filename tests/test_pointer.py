@@ -139,7 +139,7 @@ def test_device_pointer_access_in_subprocess(subprocess_run):
         for op in (t.tolist, t.clone, repr, lambda: t.fill_(0), lambda: t.numpy()):
             try:
                 op() if op is not repr else op(t)
-            except (BufferError, TypeError):
+            except (BufferError, TypeError, ImportError):  # ImportError: numpy() without NumPy
                 print("refused")
     """)
     assert proc.returncode == 0, proc.stderr
