@@ -152,8 +152,7 @@ def test_dlpack_device_raises() -> None:
 @crafted.isolated
 def test_dlpack_device_returns_garbage(device: Any) -> None:
     """A ``__dlpack_device__`` answer that is not a device pair ends in a clean exception or is
-    ignored;
-    the capsule, if one was made, is still released exactly once."""
+    ignored; the capsule, if one was made, is still released exactly once."""
     record = _managed()
     producer = _Producer(lambda **kw: record.take(), device=device)
     try:
@@ -202,8 +201,7 @@ def test_producer_returns_foreign_capsule(name: bytes | None) -> None:
 @crafted.isolated
 def test_capsule_over_a_null_struct(versioned: bool) -> None:
     """A DLPack capsule whose managed struct is all zeros (NULL data, shape, strides, deleter) is
-    refused
-    with a BufferError and left unconsumed."""
+    refused with a BufferError and left unconsumed."""
     struct = abi.DLManagedTensorVersioned() if versioned else abi.DLManagedTensor()
     if versioned:
         struct.version.major = 1
@@ -407,8 +405,7 @@ def allocation_outcomes() -> dict[str, str]:
 @crafted.isolated
 def test_allocation_failures_are_clean(case: str, allocation_outcomes: dict[str, str]) -> None:
     """A request for more memory than exists raises MemoryError or ValueError, leaves nothing
-    half-built,
-    and the process carries on (the child checks it still allocates afterwards)."""
+    half-built, and the process carries on (the child checks it still allocates afterwards)."""
     assert allocation_outcomes[case].startswith(("MemoryError", "ValueError")), allocation_outcomes[
         case
     ]
@@ -417,8 +414,7 @@ def test_allocation_failures_are_clean(case: str, allocation_outcomes: dict[str,
 @crafted.isolated
 def test_allocation_failure_after_consuming_a_capsule(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the copy made for ``copy=True`` fails after the capsule was consumed, the imported
-    memory is
-    still released exactly once and the error reaches the caller."""
+    memory is still released exactly once and the error reaches the caller."""
     record = _managed()
 
     def fail(self: tb.Tensor) -> tb.Tensor:

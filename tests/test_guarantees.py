@@ -27,14 +27,22 @@ from tensorbridge import _capi
 from tensorbridge import _dlpack_abi as abi
 
 
+def _numpy() -> Any:
+    """NumPy when it is installed (its views are then checked too), else None."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
 def _floats(*values: float) -> Any:
     return (ctypes.c_float * len(values))(*values)
 
 
 # --------------------------------------------------------------------------------------------------
 # 1. A buffer stays exported while any view of it lives: a bytearray cannot be resized, an mmap
-# cannot be
-#    closed.
+#    cannot be closed.
 
 
 def _views_of(t: tb.Tensor) -> list[Any]:
@@ -46,7 +54,7 @@ def _views_of(t: tb.Tensor) -> list[Any]:
         tb.from_dlpack(t.__dlpack__(max_version=(1, 3))),
         t.as_memoryview(),
     ]
-    np = sys.modules.get("numpy")
+    np = _numpy()
     if np is not None:
         views += [np.from_dlpack(t), np.asarray(t)]
     return views
@@ -56,9 +64,8 @@ def _views_of(t: tb.Tensor) -> list[Any]:
 @crafted.isolated
 def test_buffer_stays_exported_while_any_view_lives(kind: str) -> None:
     """While any view of a frombuffer tensor lives, its exporter cannot be resized, closed or
-    released;
-    once the last one dies it can, and the export was released exactly once (refcount back)."""
-    pytest.importorskip("numpy")
+    released; once the last one dies it can, and the export was released exactly once (refcount
+    back)."""
     exporter: Any = {
         "bytearray": lambda: bytearray(64),
         "mmap": lambda: mmap.mmap(-1, 64),
@@ -90,7 +97,7 @@ def test_buffer_stays_exported_while_any_view_lives(kind: str) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # 2. Sizes are computed without overflow; a request larger than the buffer is a ValueError, never a
-# tensor.
+#    tensor.
 
 
 def _unpickle_lie() -> tb.Tensor:
@@ -150,8 +157,8 @@ def test_sizes_are_computed_without_overflow(case: str) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # 3. Read-only memory gives read-only tensors; writes raise; DLPack READ_ONLY is honoured on import
-# and set
-#    on export; a read-only tensor is never exported through a legacy capsule: BufferError instead.
+#    and set on export; a read-only tensor is never exported through a legacy capsule: BufferError
+#    instead.
 
 _WRITES = {
     "setitem": lambda t: t.__setitem__(0, 1),
@@ -220,8 +227,7 @@ def _flags(capsule: Any) -> int:
 @crafted.isolated
 def test_read_only_flag_is_honoured_on_import_and_set_on_export() -> None:
     """DLPack READ_ONLY makes the import read-only; a read-only tensor's versioned export carries
-    the flag
-    (and NumPy imports it read-only); a writable tensor's does not."""
+    the flag (and NumPy imports it read-only); a writable tensor's does not."""
     writable = tb.from_dlpack(
         crafted.Managed(ctypes.addressof(_RO), (4,), (1,), dtype=(1, 8, 1), keep=_RO).take()
     )
@@ -259,14 +265,13 @@ def test_read_only_tensor_is_never_exported_as_legacy_capsule(export: str) -> No
 
 # --------------------------------------------------------------------------------------------------
 # 4. A capsule is consumed once; reuse, foreign capsules and wrong objects get distinct, clear
-# errors.
+#    errors.
 
 
 @crafted.isolated
 def test_capsule_is_consumed_once_with_distinct_errors() -> None:
     """Reuse is PyTorch's RuntimeError; a foreign capsule is a TypeError naming it; a wrong object
-    is a
-    TypeError (and AttributeError) naming its type; the three messages differ."""
+    is a TypeError (and AttributeError) naming its type; the three messages differ."""
     capsule = tb.to_dlpack(tb.arange(3))
     assert tb.from_dlpack(capsule).tolist() == [0, 1, 2]
     with pytest.raises(RuntimeError, match="DLTensor capsules can be consumed only once") as reused:
@@ -283,7 +288,7 @@ def test_capsule_is_consumed_once_with_distinct_errors() -> None:
 
 # --------------------------------------------------------------------------------------------------
 # 5. A failed import leaves the capsule unconsumed, so the producer still frees its memory exactly
-# once.
+#    once.
 
 
 class _HandsOver:
@@ -316,8 +321,7 @@ _FAILURES = {
 @crafted.isolated
 def test_failed_import_leaves_capsule_unconsumed(failure: str, route: str) -> None:
     """Whatever makes an import fail, the capsule keeps its name and its own destructor then calls
-    the
-    producer's deleter exactly once."""
+    the producer's deleter exactly once."""
     fields: dict[str, Any] = {
         "data": ctypes.addressof(_FOUR),
         "shape": (4,),
@@ -346,8 +350,7 @@ _FOUR = _floats(1, 2, 3, 4)
 
 # --------------------------------------------------------------------------------------------------
 # 6. Negative strides, zero-size, 0-d, size-1 dims with odd strides, byte_offset, NULL strides are
-# all
-#    handled.
+#    all handled.
 
 _VALUES = _floats(*range(12))
 _ITEM = 4
@@ -408,9 +411,8 @@ def test_unusual_layouts_are_handled(case: str) -> None:
 @crafted.isolated
 def test_unusual_layouts_export_to_numpy(layout: tuple[str, tb.Tensor]) -> None:
     """Every layout of the matrix reaches NumPy through DLPack and the array interface with its
-    values;
-    both share memory, except a DLPack export with negative strides (a copy, since PyTorch aborts on
-    them)."""
+    values; both share memory, except a DLPack export with negative strides (a copy, since PyTorch
+    aborts on them)."""
     np = pytest.importorskip("numpy")
     _, t = layout
     expected = t.tolist()
@@ -488,8 +490,7 @@ def test_non_cpu_memory_is_never_dereferenced(subprocess_run: Any) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # Architecture: memory has one owner object; views share it; the owner releases the memory exactly
-# once,
-# when the last view dies.
+# once, when the last view dies.
 
 
 def _owners() -> dict[str, Any]:
@@ -537,19 +538,18 @@ def _resizing_fails(exporter: bytearray) -> bool:
 @pytest.mark.parametrize("owner", list(_owners()))
 @crafted.isolated
 def test_memory_is_released_exactly_once_when_the_last_view_dies(owner: str, order: str) -> None:
-    """Views made by slicing, DLPack (to tensorbridge and NumPy) and pickling keep the memory alive;
-    it is released only after the last of them dies, and only once."""
-    np = pytest.importorskip("numpy")
+    """Views made by slicing, DLPack (to tensorbridge and NumPy) and memoryviews keep the memory
+    alive; it is released only after the last of them dies, and only once."""
     t, alive = _owners()[owner]()
     views = [
         t[2:],
         t.view(3, 4).T,
         tb.from_dlpack(t.__dlpack__(max_version=(1, 3))),
-        np.from_dlpack(t[::2]),
-        np.asarray(t),
-        tb.asarray(np.from_dlpack(t)),
         t.as_memoryview(),
     ]
+    np = _numpy()
+    if np is not None:
+        views[3:3] = [np.from_dlpack(t[::2]), np.asarray(t), tb.asarray(np.from_dlpack(t))]
     del t
     if order == "last to first":
         views.reverse()

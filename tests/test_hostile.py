@@ -7,8 +7,8 @@ process; memory that must never be read on the host (device pointers) is an inac
 itself.
 
 Inputs that can crash run in child interpreters, a batch of ``BATCH / 2`` to ``BATCH`` inputs per
-child: hypothesis draws the batch, the child runs it and reports one line per input, and a crash or a
-wrong result fails the test naming the input it happened on. The budget is fixed:
+child: hypothesis draws the batch, the child runs it and reports one line per input, and a crash or
+a wrong result fails the test naming the input it happened on. The budget is fixed:
 ``TB_FUZZ_BATCHES`` batches (default 12) per input kind, about 1000 inputs in all, derandomized
 under the ``ci`` hypothesis profile (run ``pytest -s`` to see the figures).
 """
@@ -51,8 +51,8 @@ MAX_CHECKED = 4096  # elements whose values are compared one by one
 _HUGE = [2**31 - 1, 2**32, 2**62, 2**63 - 1, -(2**63), -(2**31)]
 _HOST = {1, 3, 11, 13}  # kDLCPU, kDLCUDAHost, kDLROCMHost, kDLCUDAManaged: host-accessible
 
-# No shrinking: a child that fails names the input it failed on (or was running when it crashed), and
-# every shrinking step would cost a child interpreter.
+# No shrinking: a child that fails names the input it failed on (or was running when it crashed),
+# and every shrinking step would cost a child interpreter.
 batch_settings = settings(
     max_examples=BATCHES,
     deadline=None,
@@ -66,7 +66,8 @@ batch_settings = settings(
 
 
 def _indices(shape: Sequence[int]) -> Iterator[tuple[int, ...]]:
-    """Every index of ``shape`` in row-major order (none when a size is 0, however large the others)."""
+    """Every index of ``shape`` in row-major order (none when a size is 0, however large the
+    others)."""
     if any(n <= 0 for n in shape):
         return iter(())
     return itertools.product(*(range(n) for n in shape))
@@ -195,8 +196,7 @@ def _check_device_tensor(t: tb.Tensor, data: int) -> str | None:
         again = tb.from_dlpack(t.__dlpack__(max_version=(1, 3)))
     except BufferError:
         # Negative strides are exported as a copy, which device memory cannot get. (Also when they
-        # sit
-        # on dimensions of size 0 or 1, where they address nothing:
+        # sit on dimensions of size 0 or 1, where they address nothing:
         # test_empty_device_view_reexports.)
         if any(s < 0 for s in t.stride()):
             return None
@@ -217,8 +217,7 @@ def _outcome(error: BaseException | None, problem: str | None = None) -> dict[st
     }
 
 
-# -- DLPack
-# ------------------------------------------------------------------------------------------------
+# -- DLPack ----------------------------------------------------------------------------------------
 
 
 def _dlpack_layout(spec: dict[str, Any], itemsize: int) -> tuple[list[int], list[int]] | None:
@@ -303,8 +302,7 @@ def run_dlpack(spec: dict[str, Any]) -> dict[str, Any]:
     return _outcome(None, problem)
 
 
-# -- __array_interface__ / __cuda_array_interface__
-# --------------------------------------------------------
+# -- __array_interface__ / __cuda_array_interface__ ------------------------------------------------
 
 _TYPESTRS = {"<f4": 4, "<i8": 8, "|u1": 1, "|b1": 1, "<c16": 16, "<f2": 2, "<u2": 2, "<i4": 4}
 
@@ -427,8 +425,7 @@ def _check_in_buffer(
     return None if _element_bytes(t) == expected else "element values differ from the buffer"
 
 
-# -- buffers that lie: a C-level exporter (PyMemoryView_FromBuffer over a crafted Py_buffer)
-# ---------------
+# -- buffers that lie: a C-level exporter (PyMemoryView_FromBuffer over a crafted Py_buffer) -------
 
 
 def run_buffer(spec: dict[str, Any]) -> dict[str, Any]:
@@ -553,8 +550,8 @@ def _run_batch(kind: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _mostly(plausible: st.SearchStrategy[Any], odd: st.SearchStrategy[Any], odds: int = 4) -> Any:
-    """``plausible`` ``odds`` times in ``odds + 1``, else ``odd`` (``one_of`` would pick each half the
-    time, and most inputs would fail the first check they meet)."""
+    """``plausible`` ``odds`` times in ``odds + 1``, else ``odd`` (``one_of`` would pick each half
+    the time, and most inputs would fail the first check they meet)."""
     return st.sampled_from([True] * odds + [False]).flatmap(lambda ok: plausible if ok else odd)
 
 
@@ -797,8 +794,7 @@ def test_buffer_whose_shape_exceeds_its_len() -> None:
 @crafted.isolated
 def test_empty_device_view_reexports(shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
     """Device memory whose negative strides sit on dimensions of size 0 or 1 is re-exported as it
-    is:
-    such strides address nothing, so no copy (impossible on a device) is needed."""
+    is: such strides address nothing, so no copy (impossible on a device) is needed."""
     t = tb.from_pointer(_fence_page(), shape, tb.float32, strides=strides, device="cuda:0")
     again = tb.from_dlpack(t.__dlpack__(max_version=(1, 3)))
     assert again.shape == t.shape
@@ -914,8 +910,7 @@ def _elements(t: tb.Tensor) -> list[int]:
 
 def _assert_inside(t: tb.Tensor, source: tb.Tensor, limit: int) -> None:
     """A view's elements lie in storage elements [0, limit) and read as their offsets (the storage
-    holds
-    0..59); a copy (advanced indexing) holds only values from there."""
+    holds 0..59); a copy (advanced indexing) holds only values from there."""
     if t.numel() > 4096:
         return
     values = t.flatten().tolist()
@@ -946,8 +941,7 @@ _index_items = st.one_of(
 )
 def test_index_expressions_stay_in_storage(shape: tuple[int, ...], key: Any) -> None:
     """Any index expression gives a view inside the storage with the right values, or an
-    IndexError-like
-    exception; assignment through it never writes outside it."""
+    IndexError-like exception; assignment through it never writes outside it."""
     t = _base().view(shape)
     try:
         view = t[key]

@@ -155,8 +155,7 @@ def run_workers() -> dict[str, Any]:
 
 def test_threads_share_storages(subprocess_run: Any) -> None:
     """8 threads converting, slicing, exporting and dropping shared tensors, with gc forced
-    concurrently,
-    see correct values and release every export exactly once."""
+    concurrently, see correct values and release every export exactly once."""
     pytest.importorskip("numpy")
     out = _child("run_workers()", subprocess_run)
     assert out["errors"] == []
@@ -238,8 +237,7 @@ def release_from_native_threads(count: int) -> dict[str, Any]:
 
 def test_deleter_on_native_threads(subprocess_run: Any) -> None:
     """tensorbridge's capsule deleter, called by a C consumer on threads without a Python thread
-    state,
-    releases each export exactly once."""
+    state, releases each export exactly once."""
     out = _child("release_from_native_threads(64)", subprocess_run)
     assert (out["kept_until_deleter"], out["alive_after"]) == (64, 0), out
     assert out == {**out, "exports": 64, "releases": 64, "deleter": 64, "registry": 0}
@@ -279,8 +277,8 @@ def _drop_one(arg: int | None) -> None:
 
 def drop_on_native_threads(count: int) -> dict[str, Any]:
     """The last reference to tensors (imported from a crafted producer and from NumPy, and NumPy
-    arrays
-    of tensorbridge memory) is dropped on native threads: the producers' deleters run there."""
+    arrays of tensorbridge memory) is dropped on native threads: the producers' deleters run there.
+    """
     import numpy as np
 
     counter = crafted.ExportCounter()

@@ -44,8 +44,8 @@ __all__ = ["PAGE", "ExportCounter", "Fenced", "Managed", "capsule_name", "isolat
 PAGE = mmap.PAGESIZE
 
 # Private prototypes (never the shared ctypes.pythonapi attributes). The destructor gets a raw
-# PyObject*
-# of a capsule being deallocated: it must not become a Python object again, so these take void*.
+# PyObject* of a capsule being deallocated: it must not become a Python object again, so these take
+# void*.
 _name_of_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
     ("PyCapsule_GetName", ctypes.pythonapi)
 )
@@ -130,17 +130,23 @@ class Managed:
     """One crafted ``DLManagedTensor[Versioned]`` and a capsule holding it.
 
     Args:
-        data: address of element memory (None for NULL); see `Fenced` for memory that faults on
-        overrun. shape, strides: the int64 arrays; ``strides=None`` leaves the pointer NULL. ndim:
-        the ``ndim`` field (defaults to ``len(shape)``), independent of the arrays' lengths. dtype:
-        ``(code, bits, lanes)``. versioned: write a ``DLManagedTensorVersioned`` (else the legacy
-        struct). version, flags: versioned struct fields. device: ``(device_type, device_id)``.
-        byte_offset: the ``byte_offset`` field. null_shape: leave the shape pointer NULL. adjacent:
-        put strides right after shape in one block (the NumPy layout) instead of apart. fence: place
-        shape and strides against an inaccessible page, so reading past them faults. deleter: set
-        the deleter (else NULL). name: capsule name (default ``dltensor_versioned`` / ``dltensor``).
-        destructor: give the capsule a NumPy-style destructor (else none: an unconsumed capsule
-        leaks). keep: objects that own ``data``, kept alive until the deleter runs.
+        data: address of element memory (None for NULL); `Fenced` memory faults on overrun.
+        shape: the int64 shape array.
+        strides: the int64 strides array; None leaves the pointer NULL.
+        ndim: the ``ndim`` field (defaults to ``len(shape)``), independent of the arrays.
+        dtype: ``(code, bits, lanes)``.
+        versioned: write a ``DLManagedTensorVersioned`` (else the legacy struct).
+        version: the versioned struct's ``(major, minor)``.
+        flags: the versioned struct's flags.
+        device: ``(device_type, device_id)``.
+        byte_offset: the ``byte_offset`` field.
+        null_shape: leave the shape pointer NULL.
+        adjacent: put strides right after shape in one block (the NumPy layout).
+        fence: place shape and strides against an inaccessible page: reading past them faults.
+        deleter: set the deleter (else NULL).
+        name: capsule name (default ``dltensor_versioned`` / ``dltensor``).
+        destructor: give the capsule a NumPy-style destructor (else an unconsumed capsule leaks).
+        keep: objects that own ``data``, kept alive until the deleter runs.
     """
 
     # address -> (struct, arrays, keep): what a producer's manager_ctx would keep alive until the

@@ -2,8 +2,8 @@
 
 Each scenario runs in a child interpreter (a lifetime bug may crash; a crash is then a failed test,
 and the process measures only itself). The child runs one iteration, then a traced warm-up of 300,
-then ``TB_SOAK_ITERS`` measured iterations (default 1000; ``TB_SOAK_ITERS=1000000`` for a long
-run), and reports:
+then ``TB_SOAK_ITERS`` measured iterations (default 1000; ``TB_SOAK_ITERS=1000000`` for a long run),
+and reports:
 
 * allocated pymalloc blocks (``sys.getallocatedblocks``), traced memory (``tracemalloc``) and
   resident set size (``/proc/self/statm``), each after a full collection (which also empties
@@ -22,11 +22,11 @@ Bounds, for ``n`` measured iterations (each makes at least 16 KiB of fresh tenso
   as an ``object()`` or a capsule) per iteration adds ``n`` blocks: caught once ``n > 341``; at the
   default 1000 the bound is 506 against 1000.
 * traced memory grows by less than ``32 KiB + 256 B * n``. A leak that is not a block (an allocation
-  over 512 bytes, such as one iteration's data array) adds at least ``512 B * n``: caught once
-  ``n > 128``.
+  over 512 bytes, such as one iteration's data array) adds at least ``512 B * n``: caught once ``n >
+  128``.
 * RSS grows by less than 8 MiB. Keeping one iteration's data alive adds ``16 KiB * n`` (16 MiB at
-  the default), also for memory that tracemalloc does not see (PyTorch's, JAX's): caught once
-  ``n > 512``.
+  the default), also for memory that tracemalloc does not see (PyTorch's, JAX's): caught once ``n >
+  512``.
 * Every count is exact: exports == releases, crafted made == deleted, no stray deleter call, every
   exporter's reference count back where it started, no descriptor or mapping left open.
 
@@ -68,8 +68,7 @@ Step = Callable[[int], None]
 
 # --------------------------------------------------------------------------------------------------
 # Scenarios (run in the child). Each returns the per-iteration step and the long-lived exporters
-# whose
-# reference counts must come back.
+# whose reference counts must come back.
 
 
 def _numpy() -> tuple[Step, dict[str, Any]]:
@@ -333,8 +332,7 @@ def child(scenario: str, iters: int) -> None:
     step(0)  # imports and first-use caches
     counts = crafted.ExportCounter()
     # Trace the warm-up too: objects on CPython's free lists that were allocated before tracing
-    # started
-    # are swapped for traced ones as they are reused, a one-off growth that must end before
+    # started are swapped for traced ones as they are reused, a one-off growth that must end before
     # measuring.
     tracemalloc.start()
     for i in range(WARMUP):
