@@ -12,7 +12,11 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=100)
 settings.register_profile(
-    "ci", max_examples=500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "ci",
+    max_examples=500,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
@@ -21,7 +25,10 @@ def run_in_subprocess(code: str, timeout: float = 120.0) -> subprocess.Completed
     """Run ``code`` in a fresh interpreter, so that a crash fails the test instead of killing the run."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -51,10 +58,19 @@ def _layout_cases():
     }
 
 
-
-
-@pytest.fixture(params=["c_order", "f_order", "sliced", "negative_step", "zero_d", "empty",
-                        "size1_odd_stride", "broadcast", "offset"])
+@pytest.fixture(
+    params=[
+        "c_order",
+        "f_order",
+        "sliced",
+        "negative_step",
+        "zero_d",
+        "empty",
+        "size1_odd_stride",
+        "broadcast",
+        "offset",
+    ]
+)
 def layout(request):
     """A tensorbridge tensor of each layout in the matrix (see style.md §6)."""
     return request.param, _layout_cases()[request.param]()
@@ -83,16 +99,27 @@ _CapsuleDestructor = _ct.CFUNCTYPE(None, _vp)
 
 class _DLTensor(_ct.Structure):
     _fields_ = (
-        ("data", _vp), ("device_type", _ct.c_int32), ("device_id", _ct.c_int32),
-        ("ndim", _ct.c_int32), ("code", _ct.c_uint8), ("bits", _ct.c_uint8),
-        ("lanes", _ct.c_uint16), ("shape", _vp), ("strides", _vp), ("byte_offset", _ct.c_uint64),
+        ("data", _vp),
+        ("device_type", _ct.c_int32),
+        ("device_id", _ct.c_int32),
+        ("ndim", _ct.c_int32),
+        ("code", _ct.c_uint8),
+        ("bits", _ct.c_uint8),
+        ("lanes", _ct.c_uint16),
+        ("shape", _vp),
+        ("strides", _vp),
+        ("byte_offset", _ct.c_uint64),
     )
 
 
 class _Versioned(_ct.Structure):
     _fields_ = (
-        ("major", _ct.c_uint32), ("minor", _ct.c_uint32), ("manager_ctx", _vp),
-        ("deleter", _vp), ("flags", _ct.c_uint64), ("dl_tensor", _DLTensor),
+        ("major", _ct.c_uint32),
+        ("minor", _ct.c_uint32),
+        ("manager_ctx", _vp),
+        ("deleter", _vp),
+        ("flags", _ct.c_uint64),
+        ("dl_tensor", _DLTensor),
     )
 
 
@@ -114,9 +141,25 @@ class CraftedDLPack:
     double_calls: ClassVar[int] = 0  # deleter calls for an address already released
 
     def __init__(
-        self, values=(1.0, 2.0, 3.0, 4.0), *, fmt="f", dtype=(2, 32, 1), shape=None, strides=None,
-        versioned=True, version=(1, 3), flags=0, device=(1, 0), byte_offset=0, data=None,
-        ndim=None, null_shape=False, null_strides=False, deleter=True, name=None, destructor=True,
+        self,
+        values=(1.0, 2.0, 3.0, 4.0),
+        *,
+        fmt="f",
+        dtype=(2, 32, 1),
+        shape=None,
+        strides=None,
+        versioned=True,
+        version=(1, 3),
+        flags=0,
+        device=(1, 0),
+        byte_offset=0,
+        data=None,
+        ndim=None,
+        null_shape=False,
+        null_strides=False,
+        deleter=True,
+        name=None,
+        destructor=True,
     ):
         raw = _struct.pack(f"<{len(values)}{fmt}", *values) if values else b""
         self.buffer = (_ct.c_char * max(len(raw) + byte_offset, 1))()
@@ -181,8 +224,12 @@ def _crafted_deleter(address):
 
 @_CapsuleDestructor
 def _crafted_destructor(
-    capsule, _finalizing=sys.is_finalizing, _name=_capsule_name, _string_at=_ct.string_at,
-    _pointer=_capsule_pointer, _deleter=_crafted_deleter,
+    capsule,
+    _finalizing=sys.is_finalizing,
+    _name=_capsule_name,
+    _string_at=_ct.string_at,
+    _pointer=_capsule_pointer,
+    _deleter=_crafted_deleter,
 ):
     if _finalizing():
         return  # like a C producer at exit: leak rather than run code in a dying interpreter

@@ -34,7 +34,7 @@ def _codec_handles(dtype: tb.dtype) -> bool:
     """True when the codec in this build packs and unpacks ``dtype`` (so the tests pick up new ones)."""
     try:
         return _codec.unpack(dtype, _codec.pack(dtype, [1])) == [1]
-    except Exception:  # noqa: BLE001 - any failure means "not supported yet"
+    except Exception:
         return False
 
 
@@ -49,10 +49,13 @@ def dtypes(*, numpy: bool = True) -> st.SearchStrategy[tb.dtype]:
     return st.sampled_from(NUMPY_DTYPES if numpy else CODEC_DTYPES)
 
 
-def shapes(min_dims: int = 0, max_dims: int = MAX_DIMS, min_side: int = 0,
-           max_side: int = MAX_SIDE) -> st.SearchStrategy[tuple[int, ...]]:
+def shapes(
+    min_dims: int = 0, max_dims: int = MAX_DIMS, min_side: int = 0, max_side: int = MAX_SIDE
+) -> st.SearchStrategy[tuple[int, ...]]:
     """Small shapes, 0-d and size-0 included."""
-    return st.lists(st.integers(min_side, max_side), min_size=min_dims, max_size=max_dims).map(tuple)
+    return st.lists(st.integers(min_side, max_side), min_size=min_dims, max_size=max_dims).map(
+        tuple
+    )
 
 
 class Layout(NamedTuple):
@@ -70,13 +73,20 @@ class Layout(NamedTuple):
 
 def element_offsets(offset: int, shape: Sequence[int], strides: Sequence[int]) -> list[int]:
     """Storage index of each element of a layout, in row-major order (the reference model)."""
-    return [offset + sum(i * s for i, s in zip(idx, strides))
-            for idx in itertools.product(*(range(n) for n in shape))]
+    return [
+        offset + sum(i * s for i, s in zip(idx, strides))
+        for idx in itertools.product(*(range(n) for n in shape))
+    ]
 
 
 @st.composite
-def layouts(draw: st.DrawFn, shape: st.SearchStrategy[tuple[int, ...]] | None = None,
-            min_stride: int = -MAX_STRIDE, max_stride: int = MAX_STRIDE, size: int | None = None) -> Layout:
+def layouts(
+    draw: st.DrawFn,
+    shape: st.SearchStrategy[tuple[int, ...]] | None = None,
+    min_stride: int = -MAX_STRIDE,
+    max_stride: int = MAX_STRIDE,
+    size: int | None = None,
+) -> Layout:
     """A valid layout: random shape, strides of any sign (zero included), offset and slack.
 
     With ``size``, the layout fits a storage of exactly that many elements (strides that would not
@@ -100,10 +110,13 @@ def layouts(draw: st.DrawFn, shape: st.SearchStrategy[tuple[int, ...]] | None = 
     return Layout(size, offset, shp, tuple(strides))
 
 
-def contiguous_layouts(shape: st.SearchStrategy[tuple[int, ...]] | None = None) -> st.SearchStrategy[Layout]:
+def contiguous_layouts(
+    shape: st.SearchStrategy[tuple[int, ...]] | None = None,
+) -> st.SearchStrategy[Layout]:
     """Row-major compact layouts at offset 0 (what a fresh tensor has)."""
+
     def build(shp: tuple[int, ...]) -> Layout:
-        strides = tuple(math.prod(shp[i + 1:]) for i in range(len(shp)))
+        strides = tuple(math.prod(shp[i + 1 :]) for i in range(len(shp)))
         return Layout(max(math.prod(shp), 1), 0, shp, strides)
 
     return (shape if shape is not None else shapes()).map(build)
@@ -145,8 +158,10 @@ def nest(flat: Sequence[Any], shape: Sequence[int]) -> Any:
     if not shape:
         return flat[0]
     step = math.prod(shape[1:])
-    return [nest(flat[i * step:(i + 1) * step], shape[1:]) if len(shape) > 1 else flat[i]
-            for i in range(shape[0])]
+    return [
+        nest(flat[i * step : (i + 1) * step], shape[1:]) if len(shape) > 1 else flat[i]
+        for i in range(shape[0])
+    ]
 
 
 # ----------------------------------------------------------------------------- index expressions
@@ -186,8 +201,14 @@ def basic_indices(draw: st.DrawFn, shape: tuple[int, ...], *, allow_bool: bool =
 
 
 @st.composite
-def indices(draw: st.DrawFn, shape: tuple[int, ...], *, advanced: bool = True,
-            allow_bool: bool = False, negative_steps: bool = True) -> Any:
+def indices(
+    draw: st.DrawFn,
+    shape: tuple[int, ...],
+    *,
+    advanced: bool = True,
+    allow_bool: bool = False,
+    negative_steps: bool = True,
+) -> Any:
     """An index expression for ``shape``: a tuple (or a lone item) that consumes at most ndim dims.
 
     With ``advanced``, some dims get an integer list (all lists in one key share a shape) or a boolean
@@ -222,7 +243,9 @@ def indices(draw: st.DrawFn, shape: tuple[int, ...], *, advanced: bool = True,
             items.append(IndexArray("array", draw(_int_array(size, array_shape)), array_shape))
         else:
             mshape = (size,) if kind == "mask" else (size, shape[d + 1])
-            flat = draw(st.lists(st.booleans(), min_size=math.prod(mshape), max_size=math.prod(mshape)))
+            flat = draw(
+                st.lists(st.booleans(), min_size=math.prod(mshape), max_size=math.prod(mshape))
+            )
             items.append(IndexArray("mask", nest_any(flat, mshape), mshape))
             k += len(mshape) - 1
         k += 1
@@ -265,7 +288,7 @@ def nest_any(flat: Sequence[Any], shape: Sequence[int]) -> list[Any]:
     if len(shape) == 1:
         return list(flat)
     step = math.prod(shape[1:])
-    return [nest_any(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+    return [nest_any(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
 
 
 def has_advanced(key: Any) -> bool:
@@ -276,13 +299,16 @@ def has_advanced(key: Any) -> bool:
 
 def tb_key(key: Any, as_tensor: bool) -> Any:
     """A drawn key for tensorbridge: index lists as lists, or as int64/bool tensors."""
+
     def convert(item: Any) -> Any:
         if not (is_array(item) or is_mask(item)):
             return item
         # Nested lists cannot spell every empty shape ((0, 1) is just []), nor say "mask" when
         # empty; tensors can.
         if as_tensor or math.prod(item.shape) == 0:
-            return tb.tensor(item.values, dtype=tb.bool if is_mask(item) else tb.int64).reshape(item.shape)
+            return tb.tensor(item.values, dtype=tb.bool if is_mask(item) else tb.int64).reshape(
+                item.shape
+            )
         return item.values
 
     return tuple(convert(it) for it in key) if isinstance(key, tuple) else convert(key)
@@ -329,5 +355,5 @@ def expand_targets(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[int, ...]:
 def broadcastable_shapes(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A shape that broadcasts to ``shape`` (dims dropped from the front or set to 1)."""
     keep = draw(st.integers(0, len(shape)))
-    tail = shape[len(shape) - keep:]
+    tail = shape[len(shape) - keep :]
     return tuple(n if draw(st.booleans()) else 1 for n in tail)

@@ -63,16 +63,24 @@ class CountingProducer:
         release = ctypes.cast(self.callback, ctypes.c_void_p).value
         self.fmt = ctypes.c_char_p(fmt)
         self.schema = ArrowSchema(format=self.fmt)
-        self.array = ArrowArray(length=len(values) - offset, null_count=null_count, offset=offset,
-                                n_buffers=2, buffers=self.buffers, release=release)
+        self.array = ArrowArray(
+            length=len(values) - offset,
+            null_count=null_count,
+            offset=offset,
+            n_buffers=2,
+            buffers=self.buffers,
+            release=release,
+        )
 
     def _release(self, address: int) -> None:
         self.releases.append(address)
         ArrowArray.from_address(address).release = None
 
     def __arrow_c_array__(self, requested_schema: Any = None) -> Any:
-        return (_capi.PyCapsule_New(ctypes.addressof(self.schema), SCHEMA_NAME, None),
-                _capi.PyCapsule_New(ctypes.addressof(self.array), ARRAY_NAME, None))
+        return (
+            _capi.PyCapsule_New(ctypes.addressof(self.schema), SCHEMA_NAME, None),
+            _capi.PyCapsule_New(ctypes.addressof(self.array), ARRAY_NAME, None),
+        )
 
 
 def _data_address(arr: Any) -> int:
@@ -80,9 +88,17 @@ def _data_address(arr: Any) -> int:
 
 
 PRIMITIVES = [
-    (pa.int8(), tb.int8), (pa.int16(), tb.int16), (pa.int32(), tb.int32), (pa.int64(), tb.int64),
-    (pa.uint8(), tb.uint8), (pa.uint16(), tb.uint16), (pa.uint32(), tb.uint32), (pa.uint64(), tb.uint64),
-    (pa.float16(), tb.float16), (pa.float32(), tb.float32), (pa.float64(), tb.float64),
+    (pa.int8(), tb.int8),
+    (pa.int16(), tb.int16),
+    (pa.int32(), tb.int32),
+    (pa.int64(), tb.int64),
+    (pa.uint8(), tb.uint8),
+    (pa.uint16(), tb.uint16),
+    (pa.uint32(), tb.uint32),
+    (pa.uint64(), tb.uint64),
+    (pa.float16(), tb.float16),
+    (pa.float32(), tb.float32),
+    (pa.float64(), tb.float64),
 ]
 
 
@@ -250,7 +266,9 @@ def test_crafted_offset_and_readonly():
 def test_failed_import_leaves_the_array_with_its_producer():
     """A refused array is neither moved nor released: its producer still owns it."""
     producer = CountingProducer([1, 2], null_count=1)
-    producer.buffers[0] = ctypes.addressof(producer.values)  # a validity bitmap to go with the nulls
+    producer.buffers[0] = ctypes.addressof(
+        producer.values
+    )  # a validity bitmap to go with the nulls
     with pytest.raises(BufferError, match="nulls"):
         tb.asarray(producer)
     gc.collect()

@@ -47,8 +47,12 @@ class InterfaceOnly:
 class CudaOnly:
     """A fake CUDA producer: metadata for memory the host must never read."""
 
-    __cuda_array_interface__: ClassVar = {"data": (FAKE_CUDA_PTR, False), "shape": (4,), "typestr": "<f4",
-                                "version": 3}
+    __cuda_array_interface__: ClassVar = {
+        "data": (FAKE_CUDA_PTR, False),
+        "shape": (4,),
+        "typestr": "<f4",
+        "version": 3,
+    }
 
 
 @pytest.fixture
@@ -70,26 +74,50 @@ def _case_dlpack():
 
 def _case_capsule():
     a = np.arange(3.0)
-    return a.__dlpack__(max_version=(1, 0)), "dlpack_capsule", lambda t: t.data_ptr() == a.ctypes.data
+    return (
+        a.__dlpack__(max_version=(1, 0)),
+        "dlpack_capsule",
+        lambda t: t.data_ptr() == a.ctypes.data,
+    )
 
 
 def _case_cuda_array_interface():
-    return CudaOnly(), "cuda_array_interface", lambda t: (
-        t.data_ptr() == FAKE_CUDA_PTR and t.device == tb.device("cuda:0") and t.dtype is tb.float32)
+    return (
+        CudaOnly(),
+        "cuda_array_interface",
+        lambda t: (
+            t.data_ptr() == FAKE_CUDA_PTR
+            and t.device == tb.device("cuda:0")
+            and t.dtype is tb.float32
+        ),
+    )
 
 
 def _case_array_interface():
     a = np.arange(4, dtype=np.uint32).reshape(2, 2)
-    return InterfaceOnly(a), "array_interface", lambda t: (
-        t.data_ptr() == a.ctypes.data and t.dtype is tb.uint32 and t.tolist() == a.tolist())
+    return (
+        InterfaceOnly(a),
+        "array_interface",
+        lambda t: (
+            t.data_ptr() == a.ctypes.data and t.dtype is tb.uint32 and t.tolist() == a.tolist()
+        ),
+    )
 
 
 def _case_array_i():
-    return array.array("i", [1, 2, 3]), "buffer", lambda t: t.dtype is tb.int32 and t.tolist() == [1, 2, 3]
+    return (
+        array.array("i", [1, 2, 3]),
+        "buffer",
+        lambda t: t.dtype is tb.int32 and t.tolist() == [1, 2, 3],
+    )
 
 
 def _case_bytes():
-    return b"\x01\x02", "buffer", lambda t: t.dtype is tb.uint8 and t.tolist() == [1, 2] and t.is_readonly
+    return (
+        b"\x01\x02",
+        "buffer",
+        lambda t: t.dtype is tb.uint8 and t.tolist() == [1, 2] and t.is_readonly,
+    )
 
 
 def _case_memoryview_d():
@@ -109,7 +137,11 @@ def _case_arrow_stream():
 
 
 def _case_sequence():
-    return [[1, 2], [3, 4]], "sequence", lambda t: t.dtype is tb.int64 and t.tolist() == [[1, 2], [3, 4]]
+    return (
+        [[1, 2], [3, 4]],
+        "sequence",
+        lambda t: t.dtype is tb.int64 and t.tolist() == [[1, 2], [3, 4]],
+    )
 
 
 def _case_scalar():
@@ -117,10 +149,17 @@ def _case_scalar():
 
 
 DISPATCH_CASES = {
-    "tensor": _case_tensor, "dlpack": _case_dlpack, "capsule": _case_capsule,
-    "cuda_array_interface": _case_cuda_array_interface, "array_interface": _case_array_interface,
-    "buffer_array_i": _case_array_i, "buffer_bytes": _case_bytes, "buffer_memoryview_d": _case_memoryview_d,
-    "arrow": _case_arrow, "arrow_stream": _case_arrow_stream, "sequence": _case_sequence,
+    "tensor": _case_tensor,
+    "dlpack": _case_dlpack,
+    "capsule": _case_capsule,
+    "cuda_array_interface": _case_cuda_array_interface,
+    "array_interface": _case_array_interface,
+    "buffer_array_i": _case_array_i,
+    "buffer_bytes": _case_bytes,
+    "buffer_memoryview_d": _case_memoryview_d,
+    "arrow": _case_arrow,
+    "arrow_stream": _case_arrow_stream,
+    "sequence": _case_sequence,
     "scalar": _case_scalar,
 }
 
@@ -162,18 +201,38 @@ def test_dispatch_never_reads_cuda_memory(subprocess_run):
 def _protocols() -> list[tuple[str, dict[str, Any]]]:
     """Each protocol as class attributes whose data is the single value that names it."""
     pa = pytest.importorskip("pyarrow")
-    keep = {name: np.array([value], dtype=np.int32) for value, name in enumerate(
-        ["arrow", "arrow_stream", "dlpack", "cuda_array_interface", "array_interface"], start=1)}
+    keep = {
+        name: np.array([value], dtype=np.int32)
+        for value, name in enumerate(
+            ["arrow", "arrow_stream", "dlpack", "cuda_array_interface", "array_interface"], start=1
+        )
+    }
     cai = {**keep["array_interface"].__array_interface__, "data": (FAKE_CUDA_PTR, False)}
     return [
-        ("arrow", {"__arrow_c_array__": lambda self, s=None: pa.array(keep["arrow"]).__arrow_c_array__()}),
-        ("arrow_stream", {"__arrow_c_stream__":
-                          lambda self, s=None: pa.chunked_array([keep["arrow_stream"]]).__arrow_c_stream__()}),
-        ("dlpack", {"__dlpack__": lambda self, **kw: keep["dlpack"].__dlpack__(**kw),
-                    "__dlpack_device__": lambda self: keep["dlpack"].__dlpack_device__()}),
+        (
+            "arrow",
+            {"__arrow_c_array__": lambda self, s=None: pa.array(keep["arrow"]).__arrow_c_array__()},
+        ),
+        (
+            "arrow_stream",
+            {
+                "__arrow_c_stream__": lambda self, s=None: pa.chunked_array(
+                    [keep["arrow_stream"]]
+                ).__arrow_c_stream__()
+            },
+        ),
+        (
+            "dlpack",
+            {
+                "__dlpack__": lambda self, **kw: keep["dlpack"].__dlpack__(**kw),
+                "__dlpack_device__": lambda self: keep["dlpack"].__dlpack_device__(),
+            },
+        ),
         ("cuda_array_interface", {"__cuda_array_interface__": cai}),
-        ("array_interface", {"__array_interface__": keep["array_interface"].__array_interface__,
-                             "keep": keep}),
+        (
+            "array_interface",
+            {"__array_interface__": keep["array_interface"].__array_interface__, "keep": keep},
+        ),
     ]
 
 
@@ -386,8 +445,11 @@ def test_empty_bytes():
 
 
 # ---------------------------------------------------------------------------------------------- peers
-@pytest.mark.parametrize("make", [lambda a: a, DLPackOnly, InterfaceOnly, memoryview],
-                         ids=["dlpack", "dlpack_only", "array_interface", "buffer"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda a: a, DLPackOnly, InterfaceOnly, memoryview],
+    ids=["dlpack", "dlpack_only", "array_interface", "buffer"],
+)
 def test_numpy_negative_strides_on_every_path(make):
     """A NumPy view with negative strides imports with the same pointer and values on every path."""
     a = np.arange(24, dtype=np.int32).reshape(4, 6)[::-1, ::-2]

@@ -75,16 +75,26 @@ def test_byte_to_int():
         (lambda: tb.frombuffer(bytearray(B8)), "dtype"),
         (lambda: tb.frombuffer(bytearray(B8), tb.uint8), "positional"),
         (lambda: _frombuffer_b8(dtype=None), "argument 'dtype' must be"),
-        (lambda: _frombuffer_b8(dtype=tb.uint8, device="cpu"),
-         "unexpected keyword argument 'device'"),
-        (lambda: _frombuffer_b8(dtype=tb.uint8, count=2.0),
-         re.escape("frombuffer(): argument 'count' must be int, not float")),
-        (lambda: _frombuffer_b8(dtype=tb.uint8, offset=1.0),
-         re.escape("frombuffer(): argument 'offset' must be int, not float")),
-        (lambda: _frombuffer_b8(dtype=tb.uint8, count=True),
-         re.escape("frombuffer(): argument 'count' must be int, not bool")),
-        (lambda: _frombuffer_b8(dtype=tb.float32, requires_grad=1),
-         re.escape("frombuffer(): argument 'requires_grad' must be bool, not int")),
+        (
+            lambda: _frombuffer_b8(dtype=tb.uint8, device="cpu"),
+            "unexpected keyword argument 'device'",
+        ),
+        (
+            lambda: _frombuffer_b8(dtype=tb.uint8, count=2.0),
+            re.escape("frombuffer(): argument 'count' must be int, not float"),
+        ),
+        (
+            lambda: _frombuffer_b8(dtype=tb.uint8, offset=1.0),
+            re.escape("frombuffer(): argument 'offset' must be int, not float"),
+        ),
+        (
+            lambda: _frombuffer_b8(dtype=tb.uint8, count=True),
+            re.escape("frombuffer(): argument 'count' must be int, not bool"),
+        ),
+        (
+            lambda: _frombuffer_b8(dtype=tb.float32, requires_grad=1),
+            re.escape("frombuffer(): argument 'requires_grad' must be bool, not int"),
+        ),
         # Arguments come before the buffer: a list with a bad dtype is a TypeError.
         (lambda: tb.frombuffer([1], dtype=None), "argument 'dtype' must be"),
         (lambda: tb.frombuffer([1], dtype=tb.uint8, count=1.0), "argument 'count' must be int"),
@@ -111,32 +121,61 @@ def test_dtype_by_name():
 # -------------------------------------------------------------------------------------------------
 # Length checks (compat.md §1.2): PyTorch's type and text, verbatim
 
-_REQUESTED = ("requested buffer length ({}) after offset ({} bytes) must not be greater than "
-              "actual buffer length (8 bytes)")
+_REQUESTED = (
+    "requested buffer length ({}) after offset ({} bytes) must not be greater than "
+    "actual buffer length (8 bytes)"
+)
 
 LENGTH_CASES = [
     # (buffer, kwargs, PyTorch's message)
     (bytearray(), {"dtype": tb.uint8}, "both buffer length (0) and count (-1) must not be 0"),
     (b"", {"dtype": tb.uint8}, "both buffer length (0) and count (-1) must not be 0"),
-    (bytearray(B8), {"dtype": tb.uint8, "count": 0},
-     "both buffer length (8) and count (0) must not be 0"),
-    (bytearray(), {"dtype": tb.uint8, "count": 0},
-     "both buffer length (0) and count (0) must not be 0"),
-    (bytearray(B8), {"dtype": tb.uint8, "offset": -1},
-     "offset (-1 bytes) must be non-negative and no greater than buffer length (8 bytes) minus 1"),
-    (bytearray(B8), {"dtype": tb.uint8, "offset": 8},
-     "offset (8 bytes) must be non-negative and no greater than buffer length (8 bytes) minus 1"),
-    (bytearray(B8), {"dtype": tb.uint8, "offset": 9},
-     "offset (9 bytes) must be non-negative and no greater than buffer length (8 bytes) minus 1"),
-    (bytearray(7), {"dtype": tb.int32},
-     "buffer length (7 bytes) after offset (0 bytes) must be a multiple of element size (4)"),
-    (bytearray(B8), {"dtype": tb.int32, "offset": 1},
-     "buffer length (7 bytes) after offset (1 bytes) must be a multiple of element size (4)"),
+    (
+        bytearray(B8),
+        {"dtype": tb.uint8, "count": 0},
+        "both buffer length (8) and count (0) must not be 0",
+    ),
+    (
+        bytearray(),
+        {"dtype": tb.uint8, "count": 0},
+        "both buffer length (0) and count (0) must not be 0",
+    ),
+    (
+        bytearray(B8),
+        {"dtype": tb.uint8, "offset": -1},
+        "offset (-1 bytes) must be non-negative and no greater than buffer length (8 bytes) minus 1",
+    ),
+    (
+        bytearray(B8),
+        {"dtype": tb.uint8, "offset": 8},
+        "offset (8 bytes) must be non-negative and no greater than buffer length (8 bytes) minus 1",
+    ),
+    (
+        bytearray(B8),
+        {"dtype": tb.uint8, "offset": 9},
+        "offset (9 bytes) must be non-negative and no greater than buffer length (8 bytes) minus 1",
+    ),
+    (
+        bytearray(7),
+        {"dtype": tb.int32},
+        "buffer length (7 bytes) after offset (0 bytes) must be a multiple of element size (4)",
+    ),
+    (
+        bytearray(B8),
+        {"dtype": tb.int32, "offset": 1},
+        "buffer length (7 bytes) after offset (1 bytes) must be a multiple of element size (4)",
+    ),
     (bytearray(B8), {"dtype": tb.int32, "count": 3}, _REQUESTED.format("3 * 4 bytes", 0)),
-    (bytearray(B8), {"dtype": tb.int32, "count": 2, "offset": 1},
-     _REQUESTED.format("2 * 4 bytes", 1)),
-    (bytearray(B8), {"dtype": tb.uint8, "count": 2**62},
-     _REQUESTED.format("4611686018427387904 * 1 bytes", 0)),
+    (
+        bytearray(B8),
+        {"dtype": tb.int32, "count": 2, "offset": 1},
+        _REQUESTED.format("2 * 4 bytes", 1),
+    ),
+    (
+        bytearray(B8),
+        {"dtype": tb.uint8, "count": 2**62},
+        _REQUESTED.format("4611686018427387904 * 1 bytes", 0),
+    ),
 ]
 
 
@@ -163,8 +202,12 @@ def test_length_errors_match_torch(buffer, kwargs, text):
 
 @pytest.mark.parametrize(
     ("dtype", "count"),
-    [(tb.float32, 2**62 + 1), (tb.float64, 2**61 + 1), (tb.uint8, 2**64 + 5),
-     (tb.complex128, 2**60 + 1)],
+    [
+        (tb.float32, 2**62 + 1),
+        (tb.float64, 2**61 + 1),
+        (tb.uint8, 2**64 + 5),
+        (tb.complex128, 2**60 + 1),
+    ],
 )
 def test_overflowing_counts_are_rejected(dtype, count):
     """A count whose byte size wraps a 64-bit size_t is refused (PyTorch accepts it: F2)."""
@@ -235,7 +278,8 @@ def test_bool_reads_nonzero_bytes_as_true():
 
 
 @pytest.mark.parametrize(
-    "dtype", [tb.bfloat16, tb.complex64, tb.float8_e4m3fn, tb.uint16, tb.float16],
+    "dtype",
+    [tb.bfloat16, tb.complex64, tb.float8_e4m3fn, tb.uint16, tb.float16],
     ids=lambda d: d.name,
 )
 def test_raw_reinterpretation(dtype):
@@ -299,7 +343,7 @@ def test_shared_buffer(np_dtype):
             arr = np.arange(1, 6).astype(np_dtype)
             t = tb.frombuffer(arr, dtype=dtype, count=count, offset=first * arr.itemsize)
             t.fill_(0)
-            assert not arr[first:first + t.numel()].any()
+            assert not arr[first : first + t.numel()].any()
             arr[first] = 1
             assert t[0].item() == arr[first].item()
 
@@ -382,8 +426,11 @@ def test_sliced_memoryview():
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: memoryview(bytearray(B8))[::2], lambda: _np().arange(8)[::2],
-     lambda: _np().ones((3, 2), order="F")],
+    [
+        lambda: memoryview(bytearray(B8))[::2],
+        lambda: _np().arange(8)[::2],
+        lambda: _np().ones((3, 2), order="F"),
+    ],
     ids=["memoryview_step", "ndarray_step", "ndarray_fortran"],
 )
 def test_non_contiguous_is_runtime_error_with_reason(make):
@@ -393,8 +440,9 @@ def test_non_contiguous_is_runtime_error_with_reason(make):
     assert "contiguous" in str(info.value)
 
 
-@pytest.mark.parametrize("obj", [[1, 2], 3, "abc", None, object()],
-                         ids=["list", "int", "str", "None", "object"])
+@pytest.mark.parametrize(
+    "obj", [[1, 2], 3, "abc", None, object()], ids=["list", "int", "str", "None", "object"]
+)
 def test_not_a_buffer(obj):
     """Objects without the buffer protocol: PyTorch's ValueError text (§9.18)."""
     text = re.escape("object does not implement Python buffer protocol.")

@@ -22,17 +22,33 @@ from tensorbridge._device import Device
 from tensorbridge._storage import Storage
 from tensorbridge._tensor import Tensor
 
-needs_pep688 = pytest.mark.skipif(sys.version_info < (3, 12),
-                                  reason="memoryview(obj) calls __buffer__ from Python 3.12")
+needs_pep688 = pytest.mark.skipif(
+    sys.version_info < (3, 12), reason="memoryview(obj) calls __buffer__ from Python 3.12"
+)
 
 FORMATS = {
-    tb.bool: "?", tb.uint8: "B", tb.uint16: "H", tb.uint32: "I", tb.uint64: "Q", tb.int8: "b",
-    tb.int16: "h", tb.int32: "i", tb.int64: "q", tb.float16: "e", tb.float32: "f", tb.float64: "d",
-    tb.complex64: "Zf", tb.complex128: "Zd",
+    tb.bool: "?",
+    tb.uint8: "B",
+    tb.uint16: "H",
+    tb.uint32: "I",
+    tb.uint64: "Q",
+    tb.int8: "b",
+    tb.int16: "h",
+    tb.int32: "i",
+    tb.int64: "q",
+    tb.float16: "e",
+    tb.float32: "f",
+    tb.float64: "d",
+    tb.complex64: "Zf",
+    tb.complex128: "Zd",
 }
 RAW_FORMATS = {
-    tb.bfloat16: "H", tb.complex32: "I", tb.float8_e4m3fn: "B", tb.float8_e5m2: "B",
-    tb.float8_e8m0fnu: "B", tb.float4_e2m1fn_x2: "B",
+    tb.bfloat16: "H",
+    tb.complex32: "I",
+    tb.float8_e4m3fn: "B",
+    tb.float8_e5m2: "B",
+    tb.float8_e8m0fnu: "B",
+    tb.float4_e2m1fn_x2: "B",
 }
 CONTIGUOUS_LAYOUTS = {"c_order", "zero_d", "empty", "offset"}
 FAKE_CUDA_PTR = 0x7F00_0000_0000  # never mapped on the host
@@ -278,8 +294,13 @@ def test_array_interface_dict():
     """Version 3, native typestr, byte strides (None when contiguous), (pointer, read-only) data."""
     t = tb.arange(12, dtype=tb.int32).reshape(3, 4)
     iface = t.__array_interface__
-    assert iface == {"version": 3, "shape": (3, 4), "typestr": "<i4", "data": (t.data_ptr(), False),
-                     "strides": None}
+    assert iface == {
+        "version": 3,
+        "shape": (3, 4),
+        "typestr": "<i4",
+        "data": (t.data_ptr(), False),
+        "strides": None,
+    }
     view = t[:, 1::2].T
     assert view.__array_interface__["strides"] == (8, 16)
     assert view.__array_interface__["data"] == (t.data_ptr() + 4, False)
@@ -299,7 +320,8 @@ def test_array_interface_layout_matrix(layout):
 
 
 @pytest.mark.parametrize(
-    "dtype", [tb.bfloat16, tb.float8_e4m3fn, tb.complex32, tb.float4_e2m1fn_x2],
+    "dtype",
+    [tb.bfloat16, tb.float8_e4m3fn, tb.complex32, tb.float4_e2m1fn_x2],
     ids=lambda d: d.name,
 )
 def test_array_interface_absent_for_dtypes_numpy_lacks(dtype):

@@ -73,9 +73,25 @@ def test_numpy_readonly_tensor_gives_readonly_array():
         a[0] = 5
 
 
-@pytest.mark.parametrize("dtype", [tb.bool, tb.uint8, tb.int8, tb.uint16, tb.int16, tb.uint32, tb.int32,
-                                   tb.uint64, tb.int64, tb.float16, tb.float32, tb.float64, tb.complex64,
-                                   tb.complex128])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        tb.bool,
+        tb.uint8,
+        tb.int8,
+        tb.uint16,
+        tb.int16,
+        tb.uint32,
+        tb.int32,
+        tb.uint64,
+        tb.int64,
+        tb.float16,
+        tb.float32,
+        tb.float64,
+        tb.complex64,
+        tb.complex128,
+    ],
+)
 def test_numpy_native_dtypes(dtype):
     """Each dtype NumPy has converts to the NumPy dtype of the same name."""
     t = tb.tensor([0, 1, 1], dtype=dtype)
@@ -84,8 +100,17 @@ def test_numpy_native_dtypes(dtype):
     assert a.tolist() == t.tolist()
 
 
-@pytest.mark.parametrize("dtype", [tb.bfloat16, tb.float8_e4m3fn, tb.float8_e5m2, tb.float8_e4m3fnuz,
-                                   tb.float8_e5m2fnuz, tb.complex32])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        tb.bfloat16,
+        tb.float8_e4m3fn,
+        tb.float8_e5m2,
+        tb.float8_e4m3fnuz,
+        tb.float8_e5m2fnuz,
+        tb.complex32,
+    ],
+)
 def test_numpy_ml_dtypes(dtype):
     """Types NumPy lacks become ml_dtypes arrays over the same memory."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -206,8 +231,19 @@ def test_torch_negative_stride_on_size_one_dim_is_fine():
     assert to_torch(t).data_ptr() == t.data_ptr()
 
 
-@pytest.mark.parametrize("dtype", [tb.bool, tb.uint8, tb.int64, tb.float16, tb.bfloat16, tb.complex64,
-                                   tb.float8_e4m3fn, tb.float8_e5m2])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        tb.bool,
+        tb.uint8,
+        tb.int64,
+        tb.float16,
+        tb.bfloat16,
+        tb.complex64,
+        tb.float8_e4m3fn,
+        tb.float8_e5m2,
+    ],
+)
 def test_torch_dtypes(dtype):
     """Dtypes map to the PyTorch dtype of the same name."""
     torch = _torch()

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from tests import strategies as S
 
 import tensorbridge as tb
 from tensorbridge import _dtype
-from tests import strategies as S
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,20 @@ _PY_LEAVES = st.one_of(
     st.builds(complex, st.integers(-100, 100), st.integers(-100, 100)),
 )
 # Leaf tensors of dtypes PyTorch promotes with Python scalars.
-_LEAF_DTYPES = [tb.bool, tb.uint8, tb.int8, tb.int16, tb.int32, tb.int64, tb.float16, tb.bfloat16, tb.float32,
-                tb.float64, tb.complex64, tb.complex128]
+_LEAF_DTYPES = [
+    tb.bool,
+    tb.uint8,
+    tb.int8,
+    tb.int16,
+    tb.int32,
+    tb.int64,
+    tb.float16,
+    tb.bfloat16,
+    tb.float32,
+    tb.float64,
+    tb.complex64,
+    tb.complex128,
+]
 
 
 @st.composite
@@ -111,20 +123,23 @@ def test_tensor_with_dtype_matches_torch(torch, data, dtype):
     assert got.tolist() == want.tolist()
 
 
-@pytest.mark.parametrize(("data", "dtype", "shape"), [
-    ([], tb.float32, (0,)),
-    ([[], []], tb.float32, (2, 0)),
-    ([[[]]], tb.float32, (1, 1, 0)),
-    ((1, 2.0), tb.float32, (2,)),
-    (range(3), tb.int64, (3,)),
-    ([(1, 2), [3, 4]], tb.int64, (2, 2)),
-    ([True, 1], tb.int64, (2,)),
-    ([True, 1.0], tb.float32, (2,)),
-    ([1, 1j], tb.complex64, (2,)),
-    (7, tb.int64, ()),
-    (True, tb.bool, ()),
-    (2.5, tb.float32, ()),
-])
+@pytest.mark.parametrize(
+    ("data", "dtype", "shape"),
+    [
+        ([], tb.float32, (0,)),
+        ([[], []], tb.float32, (2, 0)),
+        ([[[]]], tb.float32, (1, 1, 0)),
+        ((1, 2.0), tb.float32, (2,)),
+        (range(3), tb.int64, (3,)),
+        ([(1, 2), [3, 4]], tb.int64, (2, 2)),
+        ([True, 1], tb.int64, (2,)),
+        ([True, 1.0], tb.float32, (2,)),
+        ([1, 1j], tb.complex64, (2,)),
+        (7, tb.int64, ()),
+        (True, tb.bool, ()),
+        (2.5, tb.float32, ()),
+    ],
+)
 def test_tensor_inference_table(data, dtype, shape):
     """tensor() infers bool < int64 < float32 < complex64, and shapes from any nesting of sequences."""
     t = tb.tensor(data)
@@ -141,7 +156,9 @@ def test_tensor_keeps_and_promotes_leaf_tensor_dtypes():
     assert tb.tensor([tb.tensor(1.0, dtype=tb.float64), 1j]).dtype is tb.complex128
     assert tb.tensor([tb.tensor([1, 2], dtype=tb.uint8)] * 2).dtype is tb.uint8
     assert tb.tensor(tb.arange(4).reshape(2, 2)).tolist() == [[0, 1], [2, 3]]
-    with pytest.raises(TypeError, match="Promotion for uint16, uint32, uint64 types is not supported"):
+    with pytest.raises(
+        TypeError, match="Promotion for uint16, uint32, uint64 types is not supported"
+    ):
         tb.tensor([tb.tensor(1, dtype=tb.uint16), 1])
     with pytest.raises(TypeError, match="Promotion for Float8 Types is not supported"):
         tb.tensor([tb.tensor(1.0, dtype=tb.float8_e4m3fn), 1.0])
@@ -165,30 +182,191 @@ def test_tensor_of_numpy_scalars_keeps_their_dtype():
     assert tb.tensor([np.bool_(True)]).dtype is tb.bool
 
 
-@pytest.mark.parametrize(("data", "kwargs", "exc", "text"), [
-    ([[1, 2], [3]], {}, ValueError, "expected sequence of length 2 at dim 1 (got 1)"),
-    ([[[1, 2], [3, 4]], [[5, 6], [7]]], {}, ValueError, "expected sequence of length 2 at dim 2 (got 1)"),
-    ([[1, 2], 3], {}, ValueError, "expected sequence of length 2 at dim 1 (got 0)"),
-    ([1, [2]], {}, ValueError, "Nested sequences must be rectangular"),
-    ([[], [1]], {}, ValueError, "expected sequence of length 0 at dim 1 (got 1)"),
-    (None, {}, TypeError, "tensor(): Could not infer dtype of NoneType"),
-    (["a"], {}, TypeError, "Could not infer dtype of str"),
-    ({1: 2}, {}, TypeError, "Could not infer dtype of dict"),
-    ([1 + 2j], {"dtype": tb.float32}, TypeError, "must be real number, not complex"),
-    ([2**63], {}, ValueError, "Overflow when unpacking long long"),
-    ([-(2**63) - 1], {}, ValueError, "Overflow when unpacking long long"),
-    ([300], {"dtype": tb.uint8}, ValueError, "value cannot be converted to type uint8 without overflow"),
-    ([-256], {"dtype": tb.uint8}, ValueError, "outside [-255, 255]"),
-    ([128.0], {"dtype": tb.int8}, ValueError, "value cannot be converted to type int8 without overflow"),
-    ([1], {"dtype": "float33"}, TypeError, "tensor(): argument 'dtype' must be tensorbridge.dtype"),
-    ([1], {"dtype": 5}, TypeError, "got 5"),
-    ([1], {"device": "gpu"}, ValueError, "device type at start of device string: gpu"),
-    ([1], {"device": "cuda"}, BufferError, "tensorbridge creates tensors in host memory only"),
-    ([1], {"requires_grad": True}, RuntimeError,
-     "Only Tensors of floating point and complex dtype can require gradients"),
-    ([[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
-     {}, ValueError, "at most 64 dimensions"),
-])
+@pytest.mark.parametrize(
+    ("data", "kwargs", "exc", "text"),
+    [
+        ([[1, 2], [3]], {}, ValueError, "expected sequence of length 2 at dim 1 (got 1)"),
+        (
+            [[[1, 2], [3, 4]], [[5, 6], [7]]],
+            {},
+            ValueError,
+            "expected sequence of length 2 at dim 2 (got 1)",
+        ),
+        ([[1, 2], 3], {}, ValueError, "expected sequence of length 2 at dim 1 (got 0)"),
+        ([1, [2]], {}, ValueError, "Nested sequences must be rectangular"),
+        ([[], [1]], {}, ValueError, "expected sequence of length 0 at dim 1 (got 1)"),
+        (None, {}, TypeError, "tensor(): Could not infer dtype of NoneType"),
+        (["a"], {}, TypeError, "Could not infer dtype of str"),
+        ({1: 2}, {}, TypeError, "Could not infer dtype of dict"),
+        ([1 + 2j], {"dtype": tb.float32}, TypeError, "must be real number, not complex"),
+        ([2**63], {}, ValueError, "Overflow when unpacking long long"),
+        ([-(2**63) - 1], {}, ValueError, "Overflow when unpacking long long"),
+        (
+            [300],
+            {"dtype": tb.uint8},
+            ValueError,
+            "value cannot be converted to type uint8 without overflow",
+        ),
+        ([-256], {"dtype": tb.uint8}, ValueError, "outside [-255, 255]"),
+        (
+            [128.0],
+            {"dtype": tb.int8},
+            ValueError,
+            "value cannot be converted to type int8 without overflow",
+        ),
+        (
+            [1],
+            {"dtype": "float33"},
+            TypeError,
+            "tensor(): argument 'dtype' must be tensorbridge.dtype",
+        ),
+        ([1], {"dtype": 5}, TypeError, "got 5"),
+        ([1], {"device": "gpu"}, ValueError, "device type at start of device string: gpu"),
+        ([1], {"device": "cuda"}, BufferError, "tensorbridge creates tensors in host memory only"),
+        (
+            [1],
+            {"requires_grad": True},
+            RuntimeError,
+            "Only Tensors of floating point and complex dtype can require gradients",
+        ),
+        (
+            [
+                [
+                    [
+                        [
+                            [
+                                [
+                                    [
+                                        [
+                                            [
+                                                [
+                                                    [
+                                                        [
+                                                            [
+                                                                [
+                                                                    [
+                                                                        [
+                                                                            [
+                                                                                [
+                                                                                    [
+                                                                                        [
+                                                                                            [
+                                                                                                [
+                                                                                                    [
+                                                                                                        [
+                                                                                                            [
+                                                                                                                [
+                                                                                                                    [
+                                                                                                                        [
+                                                                                                                            [
+                                                                                                                                [
+                                                                                                                                    [
+                                                                                                                                        [
+                                                                                                                                            [
+                                                                                                                                                [
+                                                                                                                                                    [
+                                                                                                                                                        [
+                                                                                                                                                            [
+                                                                                                                                                                [
+                                                                                                                                                                    [
+                                                                                                                                                                        [
+                                                                                                                                                                            [
+                                                                                                                                                                                [
+                                                                                                                                                                                    [
+                                                                                                                                                                                        [
+                                                                                                                                                                                            [
+                                                                                                                                                                                                [
+                                                                                                                                                                                                    [
+                                                                                                                                                                                                        [
+                                                                                                                                                                                                            [
+                                                                                                                                                                                                                [
+                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                                1
+                                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                ]
+                                                                                                                                                                                                            ]
+                                                                                                                                                                                                        ]
+                                                                                                                                                                                                    ]
+                                                                                                                                                                                                ]
+                                                                                                                                                                                            ]
+                                                                                                                                                                                        ]
+                                                                                                                                                                                    ]
+                                                                                                                                                                                ]
+                                                                                                                                                                            ]
+                                                                                                                                                                        ]
+                                                                                                                                                                    ]
+                                                                                                                                                                ]
+                                                                                                                                                            ]
+                                                                                                                                                        ]
+                                                                                                                                                    ]
+                                                                                                                                                ]
+                                                                                                                                            ]
+                                                                                                                                        ]
+                                                                                                                                    ]
+                                                                                                                                ]
+                                                                                                                            ]
+                                                                                                                        ]
+                                                                                                                    ]
+                                                                                                                ]
+                                                                                                            ]
+                                                                                                        ]
+                                                                                                    ]
+                                                                                                ]
+                                                                                            ]
+                                                                                        ]
+                                                                                    ]
+                                                                                ]
+                                                                            ]
+                                                                        ]
+                                                                    ]
+                                                                ]
+                                                            ]
+                                                        ]
+                                                    ]
+                                                ]
+                                            ]
+                                        ]
+                                    ]
+                                ]
+                            ]
+                        ]
+                    ]
+                ]
+            ],
+            {},
+            ValueError,
+            "at most 64 dimensions",
+        ),
+    ],
+)
 def test_tensor_errors(data, kwargs, exc, text):
     """Bad data, dtypes and devices raise clear errors naming tensor() and carrying PyTorch's text."""
     with pytest.raises(exc) as info:
@@ -206,8 +384,12 @@ def test_tensor_accepts_dtype_names_and_devices():
 
 # ----------------------------------------------------------------------------- arange()
 _STEPS = st.sampled_from([0.1, 0.2, 0.3, 0.25, 0.7, 1.5, 2, 3, 1, -0.1, -0.3, -1, -2.5, 1e-3])
-_ENDS = st.one_of(st.integers(-20, 20), st.integers(-200, 200).map(lambda i: i / 10), st.floats(-20, 20))
-_ARANGE_DTYPES = st.sampled_from([None, tb.float32, tb.float64, tb.float16, tb.int64, tb.int32, tb.int16])
+_ENDS = st.one_of(
+    st.integers(-20, 20), st.integers(-200, 200).map(lambda i: i / 10), st.floats(-20, 20)
+)
+_ARANGE_DTYPES = st.sampled_from(
+    [None, tb.float32, tb.float64, tb.float16, tb.int64, tb.int32, tb.int16]
+)
 
 
 def _eps(dtype: tb.dtype) -> float:
@@ -236,10 +418,21 @@ def test_arange_matches_torch(torch, start, end, step, dtype):
         assert got.tolist() == want.tolist()
 
 
-@pytest.mark.parametrize(("args", "length"), [
-    ((0, 1, 0.1), 10), ((1, 2, 0.1), 10), ((0, 0.3, 0.1), 3), ((0, -1, -0.1), 10), ((1.0, 1.0), 0),
-    ((10,), 10), ((0, 10, 3), 4), ((0.5, 5), 5), ((5, 0.5, -1.5), 3), ((-1, 1, 0.1), 20),
-])
+@pytest.mark.parametrize(
+    ("args", "length"),
+    [
+        ((0, 1, 0.1), 10),
+        ((1, 2, 0.1), 10),
+        ((0, 0.3, 0.1), 3),
+        ((0, -1, -0.1), 10),
+        ((1.0, 1.0), 0),
+        ((10,), 10),
+        ((0, 10, 3), 4),
+        ((0.5, 5), 5),
+        ((5, 0.5, -1.5), 3),
+        ((-1, 1, 0.1), 20),
+    ],
+)
 def test_arange_lengths(args, length):
     """Lengths follow ceil((end - start) / step) in double precision, as PyTorch computes them."""
     assert tb.arange(*args).numel() == length
@@ -264,15 +457,18 @@ def test_arange_argument_forms():
     assert tb.arange(3, dtype=tb.float32, requires_grad=True).requires_grad
 
 
-@pytest.mark.parametrize(("args", "exc", "text"), [
-    ((0, 1, 0), ValueError, "step must be nonzero"),
-    ((0, 1, -1), ValueError, "upper bound and lower bound inconsistent with step sign"),
-    ((1, 0), ValueError, "upper bound and lower bound inconsistent with step sign"),
-    ((0, float("inf")), ValueError, "unsupported range: 0 -> inf"),
-    ((0, float("nan")), ValueError, "unsupported range: 0 -> nan"),
-    ((0, 1j), TypeError, "arange(): argument 'end' must be a real number; got 1j (complex)"),
-    (("3",), TypeError, "argument 'end' must be a real number; got '3' (str)"),
-])
+@pytest.mark.parametrize(
+    ("args", "exc", "text"),
+    [
+        ((0, 1, 0), ValueError, "step must be nonzero"),
+        ((0, 1, -1), ValueError, "upper bound and lower bound inconsistent with step sign"),
+        ((1, 0), ValueError, "upper bound and lower bound inconsistent with step sign"),
+        ((0, float("inf")), ValueError, "unsupported range: 0 -> inf"),
+        ((0, float("nan")), ValueError, "unsupported range: 0 -> nan"),
+        ((0, 1j), TypeError, "arange(): argument 'end' must be a real number; got 1j (complex)"),
+        (("3",), TypeError, "argument 'end' must be a real number; got '3' (str)"),
+    ],
+)
 def test_arange_errors(args, exc, text):
     """Bad ranges are ValueError with PyTorch's text; non-numbers are TypeError."""
     with pytest.raises(exc) as info:
@@ -301,8 +497,10 @@ def test_zeros_ones_empty(fn, dtype):
     assert tuple(fn(0, dtype=dtype).shape) == (0,)
 
 
-@pytest.mark.parametrize(("value", "dtype"), [(1, tb.int64), (1.5, tb.float32), (True, tb.bool),
-                                              (1j, tb.complex64), (-0.0, tb.float32)])
+@pytest.mark.parametrize(
+    ("value", "dtype"),
+    [(1, tb.int64), (1.5, tb.float32), (True, tb.bool), (1j, tb.complex64), (-0.0, tb.float32)],
+)
 def test_full_infers_dtype_from_the_fill_value(torch, value, dtype):
     """full() infers its dtype from the fill value as torch.full does, and stores it (-0.0 too)."""
     t = tb.full((2, 2), value)
@@ -323,21 +521,53 @@ def test_like_functions_follow_their_input():
     assert tb.full_like(x, 7).tolist() == [[7, 7]] * 3
     assert tb.full_like(x, 7.5, dtype=tb.float32).tolist() == [[7.5, 7.5]] * 3
     assert tb.zeros_like(tb.zeros(2), requires_grad=True).requires_grad
-    with pytest.raises(TypeError, match=r"zeros_like\(\): expected a tensorbridge Tensor; got list"):
+    with pytest.raises(
+        TypeError, match=r"zeros_like\(\): expected a tensorbridge Tensor; got list"
+    ):
         tb.zeros_like([1, 2])
 
 
-@pytest.mark.parametrize(("fn", "exc", "text"), [
-    (lambda: tb.zeros(-1, 2), ValueError, "Trying to create tensor with negative dimension -1: [-1, 2]"),
-    (lambda: tb.ones(2.0), TypeError, "ones(): size must be a sequence of ints; got 2.0 (float)"),
-    (lambda: tb.full((-1,), 2), ValueError, "Trying to create tensor with negative dimension -1: [-1]"),
-    (lambda: tb.full((2,), "x"), TypeError, "full(): Could not infer dtype of str"),
-    (lambda: tb.full((2,), 300, dtype=tb.uint8), RuntimeError, "value cannot be converted to type uint8"),
-    (lambda: tb.zeros(2, dtype=float), TypeError, "zeros(): argument 'dtype' must be tensorbridge.dtype"),
-    (lambda: tb.zeros(2, device="cuda:0"), BufferError, "zeros(): tensorbridge creates tensors in host memory"),
-    (lambda: tb.zeros(2, dtype=tb.int32, requires_grad=True), RuntimeError,
-     "Only Tensors of floating point and complex dtype can require gradients"),
-])
+@pytest.mark.parametrize(
+    ("fn", "exc", "text"),
+    [
+        (
+            lambda: tb.zeros(-1, 2),
+            ValueError,
+            "Trying to create tensor with negative dimension -1: [-1, 2]",
+        ),
+        (
+            lambda: tb.ones(2.0),
+            TypeError,
+            "ones(): size must be a sequence of ints; got 2.0 (float)",
+        ),
+        (
+            lambda: tb.full((-1,), 2),
+            ValueError,
+            "Trying to create tensor with negative dimension -1: [-1]",
+        ),
+        (lambda: tb.full((2,), "x"), TypeError, "full(): Could not infer dtype of str"),
+        (
+            lambda: tb.full((2,), 300, dtype=tb.uint8),
+            RuntimeError,
+            "value cannot be converted to type uint8",
+        ),
+        (
+            lambda: tb.zeros(2, dtype=float),
+            TypeError,
+            "zeros(): argument 'dtype' must be tensorbridge.dtype",
+        ),
+        (
+            lambda: tb.zeros(2, device="cuda:0"),
+            BufferError,
+            "zeros(): tensorbridge creates tensors in host memory",
+        ),
+        (
+            lambda: tb.zeros(2, dtype=tb.int32, requires_grad=True),
+            RuntimeError,
+            "Only Tensors of floating point and complex dtype can require gradients",
+        ),
+    ],
+)
 def test_creation_errors(fn, exc, text):
     """Bad sizes, fill values, dtypes and devices raise clear errors naming the function."""
     with pytest.raises(exc) as info:

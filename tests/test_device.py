@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 import tensorbridge as tb
-from tensorbridge._device import _ALIASES, CPU, DLDeviceType, Device, as_device
+from tensorbridge._device import _ALIASES, CPU, Device, DLDeviceType, as_device
 
 
 @pytest.fixture(scope="module")
@@ -18,18 +18,44 @@ def torch():
 
 
 _TYPES = {  # every device type name and its DLPack code (dlpack.h v1.3)
-    "cpu": 1, "cuda": 2, "cuda_host": 3, "opencl": 4, "vulkan": 7, "metal": 8, "vpi": 9, "rocm": 10,
-    "rocm_host": 11, "ext_dev": 12, "cuda_managed": 13, "oneapi": 14, "webgpu": 15, "hexagon": 16,
-    "maia": 17, "trn": 18,
+    "cpu": 1,
+    "cuda": 2,
+    "cuda_host": 3,
+    "opencl": 4,
+    "vulkan": 7,
+    "metal": 8,
+    "vpi": 9,
+    "rocm": 10,
+    "rocm_host": 11,
+    "ext_dev": 12,
+    "cuda_managed": 13,
+    "oneapi": 14,
+    "webgpu": 15,
+    "hexagon": 16,
+    "maia": 17,
+    "trn": 18,
 }
 
 
 def test_dldevicetype_values_follow_dlpack_h():
     """DLDeviceType holds dlpack.h's numbers (5 and 6 unassigned) and equals torch's enum where both have one."""
     assert {m.name: m.value for m in DLDeviceType} == {
-        "kDLCPU": 1, "kDLCUDA": 2, "kDLCUDAHost": 3, "kDLOpenCL": 4, "kDLVulkan": 7, "kDLMetal": 8, "kDLVPI": 9,
-        "kDLROCM": 10, "kDLROCMHost": 11, "kDLExtDev": 12, "kDLCUDAManaged": 13, "kDLOneAPI": 14,
-        "kDLWebGPU": 15, "kDLHexagon": 16, "kDLMAIA": 17, "kDLTrn": 18,
+        "kDLCPU": 1,
+        "kDLCUDA": 2,
+        "kDLCUDAHost": 3,
+        "kDLOpenCL": 4,
+        "kDLVulkan": 7,
+        "kDLMetal": 8,
+        "kDLVPI": 9,
+        "kDLROCM": 10,
+        "kDLROCMHost": 11,
+        "kDLExtDev": 12,
+        "kDLCUDAManaged": 13,
+        "kDLOneAPI": 14,
+        "kDLWebGPU": 15,
+        "kDLHexagon": 16,
+        "kDLMAIA": 17,
+        "kDLTrn": 18,
     }
     assert tb.utils.dlpack.DLDeviceType is DLDeviceType
 
@@ -40,11 +66,21 @@ def test_dldevicetype_matches_torch(torch):
         assert DLDeviceType[member.name].value == member.value
 
 
-@pytest.mark.parametrize(("args", "type_", "index"), [
-    (("cpu",), "cpu", None), (("cuda",), "cuda", None), (("cuda", 1), "cuda", 1), (("cuda:1",), "cuda", 1),
-    (("cpu:0",), "cpu", 0), (("cuda:10",), "cuda", 10), (("mps",), "metal", None), (("xpu:2",), "oneapi", 2),
-    (("hip",), "rocm", None), (("cuda", 0), "cuda", 0),
-])
+@pytest.mark.parametrize(
+    ("args", "type_", "index"),
+    [
+        (("cpu",), "cpu", None),
+        (("cuda",), "cuda", None),
+        (("cuda", 1), "cuda", 1),
+        (("cuda:1",), "cuda", 1),
+        (("cpu:0",), "cpu", 0),
+        (("cuda:10",), "cuda", 10),
+        (("mps",), "metal", None),
+        (("xpu:2",), "oneapi", 2),
+        (("hip",), "rocm", None),
+        (("cuda", 0), "cuda", 0),
+    ],
+)
 def test_parsing(args, type_, index):
     """device() takes a type, 'type:index', or a type and an index; PyTorch's aliases map to DLPack names."""
     d = tb.device(*args)
@@ -56,26 +92,42 @@ def test_parsing(args, type_, index):
 def test_parsing_agrees_with_torch(torch, text):
     """type, index, str and repr equal torch.device's for the names both know."""
     ours, theirs = tb.device(text), torch.device(text)
-    assert (ours.type, ours.index, str(ours), repr(ours)) == (theirs.type, theirs.index, str(theirs), repr(theirs))
+    assert (ours.type, ours.index, str(ours), repr(ours)) == (
+        theirs.type,
+        theirs.index,
+        str(theirs),
+        repr(theirs),
+    )
 
 
-@pytest.mark.parametrize(("args", "exc", "text"), [
-    (("cuda:01",), ValueError, "Invalid device string: 'cuda:01'"),
-    (("cuda:-1",), ValueError, "Invalid device string: 'cuda:-1'"),
-    (("cuda:x",), ValueError, "Invalid device string: 'cuda:x'"),
-    (("cuda:",), ValueError, "Invalid device string: 'cuda:'"),
-    (("cuda:1:2",), ValueError, "Invalid device string: 'cuda:1:2'"),
-    (("cuda:\u00b9",), ValueError, "Invalid device string"),  # a superscript one is a digit, not an index
-    (("foo",), ValueError, "device type at start of device string: foo"),
-    (("CUDA",), ValueError, "device type at start of device string: CUDA"),
-    ((" cuda",), ValueError, "device type at start of device string:  cuda"),
-    (("cuda", -1), ValueError, "Device index must not be negative"),
-    (("cuda:1", 1), ValueError, "type (string) must not include an index because index was passed explicitly"),
-    (("cuda", True), TypeError, "index must be an int; got True"),
-    (("cuda", "1"), TypeError, "index must be an int; got '1'"),
-    ((1,), TypeError, "expected a device string such as 'cpu' or 'cuda:0'; got 1 (int)"),
-    ((None,), TypeError, "got None (NoneType)"),
-])
+@pytest.mark.parametrize(
+    ("args", "exc", "text"),
+    [
+        (("cuda:01",), ValueError, "Invalid device string: 'cuda:01'"),
+        (("cuda:-1",), ValueError, "Invalid device string: 'cuda:-1'"),
+        (("cuda:x",), ValueError, "Invalid device string: 'cuda:x'"),
+        (("cuda:",), ValueError, "Invalid device string: 'cuda:'"),
+        (("cuda:1:2",), ValueError, "Invalid device string: 'cuda:1:2'"),
+        (
+            ("cuda:\u00b9",),
+            ValueError,
+            "Invalid device string",
+        ),  # a superscript one is a digit, not an index
+        (("foo",), ValueError, "device type at start of device string: foo"),
+        (("CUDA",), ValueError, "device type at start of device string: CUDA"),
+        ((" cuda",), ValueError, "device type at start of device string:  cuda"),
+        (("cuda", -1), ValueError, "Device index must not be negative"),
+        (
+            ("cuda:1", 1),
+            ValueError,
+            "type (string) must not include an index because index was passed explicitly",
+        ),
+        (("cuda", True), TypeError, "index must be an int; got True"),
+        (("cuda", "1"), TypeError, "index must be an int; got '1'"),
+        ((1,), TypeError, "expected a device string such as 'cpu' or 'cuda:0'; got 1 (int)"),
+        ((None,), TypeError, "got None (NoneType)"),
+    ],
+)
 def test_bad_devices(args, exc, text):
     """Bad device strings and indices raise clear errors naming device() and the value."""
     with pytest.raises(exc) as info:
@@ -93,7 +145,7 @@ def test_bad_strings_carry_torch_text(torch, text):
         tb.device(text)
     torch_text = str(theirs.value)
     if torch_text.startswith("Expected one of"):  # the lists of device types differ
-        torch_text = torch_text[torch_text.index("device type at start"):]
+        torch_text = torch_text[torch_text.index("device type at start") :]
     assert torch_text in str(ours.value)
 
 
@@ -131,7 +183,10 @@ def test_dlpack_round_trip(name, code):
     assert isinstance(numbered.to_dlpack()[0], DLDeviceType)
     back = Device.from_dlpack(code, 3)
     assert back == (CPU if code == 1 else numbered)
-    assert tb.device(name).to_dlpack() == (code, 0)  # unnumbered devices report id 0, as PyTorch does
+    assert tb.device(name).to_dlpack() == (
+        code,
+        0,
+    )  # unnumbered devices report id 0, as PyTorch does
 
 
 def test_host_accessible_devices():
@@ -161,6 +216,8 @@ def test_as_device():
     with pytest.raises(ValueError, match="Device index must not be negative"):
         as_device(-1, "f")
     for bad in (True, 1.0, None, [0]):
-        with pytest.raises(TypeError, match=r"f\(\): device must be a tensorbridge.device or a string"):
+        with pytest.raises(
+            TypeError, match=r"f\(\): device must be a tensorbridge.device or a string"
+        ):
             as_device(bad, "f")
     assert set(_ALIASES) == {"mps", "xpu", "hip"}

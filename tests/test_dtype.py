@@ -11,7 +11,15 @@ import pytest
 
 import tensorbridge as tb
 from tensorbridge import _dtype
-from tensorbridge._dtype import ALL_DTYPES, BY_DLPACK, BY_NAME, BY_TYPESTR, DType, as_dtype, from_format
+from tensorbridge._dtype import (
+    ALL_DTYPES,
+    BY_DLPACK,
+    BY_NAME,
+    BY_TYPESTR,
+    DType,
+    as_dtype,
+    from_format,
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +30,28 @@ def torch():
 
 # compat.md §3.2: the (code, bits, lanes) PyTorch writes into a capsule for each dtype.
 _COMPAT_TRIPLES = {
-    "bool": (6, 8, 1), "uint8": (1, 8, 1), "uint16": (1, 16, 1), "uint32": (1, 32, 1), "uint64": (1, 64, 1),
-    "int8": (0, 8, 1), "int16": (0, 16, 1), "int32": (0, 32, 1), "int64": (0, 64, 1),
-    "float16": (2, 16, 1), "float32": (2, 32, 1), "float64": (2, 64, 1), "bfloat16": (4, 16, 1),
-    "complex32": (5, 32, 1), "complex64": (5, 64, 1), "complex128": (5, 128, 1),
-    "float8_e4m3fn": (10, 8, 1), "float8_e4m3fnuz": (11, 8, 1), "float8_e5m2": (12, 8, 1),
-    "float8_e5m2fnuz": (13, 8, 1), "float8_e8m0fnu": (14, 8, 1), "float4_e2m1fn_x2": (17, 4, 2),
+    "bool": (6, 8, 1),
+    "uint8": (1, 8, 1),
+    "uint16": (1, 16, 1),
+    "uint32": (1, 32, 1),
+    "uint64": (1, 64, 1),
+    "int8": (0, 8, 1),
+    "int16": (0, 16, 1),
+    "int32": (0, 32, 1),
+    "int64": (0, 64, 1),
+    "float16": (2, 16, 1),
+    "float32": (2, 32, 1),
+    "float64": (2, 64, 1),
+    "bfloat16": (4, 16, 1),
+    "complex32": (5, 32, 1),
+    "complex64": (5, 64, 1),
+    "complex128": (5, 128, 1),
+    "float8_e4m3fn": (10, 8, 1),
+    "float8_e4m3fnuz": (11, 8, 1),
+    "float8_e5m2": (12, 8, 1),
+    "float8_e5m2fnuz": (13, 8, 1),
+    "float8_e8m0fnu": (14, 8, 1),
+    "float4_e2m1fn_x2": (17, 4, 2),
 }
 # dlpack.h v1.3 codes of the float8 types PyTorch lacks.
 _DLPACK_ONLY = {"float8_e3m4": (7, 8, 1), "float8_e4m3": (8, 8, 1), "float8_e4m3b11fnuz": (9, 8, 1)}
@@ -47,7 +71,11 @@ def test_flags_and_sizes_equal_torch(torch, dtype):
     if theirs is None:
         pytest.skip(f"torch has no {dtype.name}")
     assert (dtype.itemsize, dtype.is_floating_point, dtype.is_complex, dtype.is_signed) == (
-        theirs.itemsize, theirs.is_floating_point, theirs.is_complex, theirs.is_signed)
+        theirs.itemsize,
+        theirs.is_floating_point,
+        theirs.is_complex,
+        theirs.is_signed,
+    )
 
 
 def _torch_capsule_dtype(torch, theirs) -> tuple[int, int, int]:
@@ -72,9 +100,17 @@ def test_dlpack_triples_equal_what_torch_exports(torch, dtype):
 
 def test_torch_aliases():
     """PyTorch's aliases are the same objects: half, float, double, short, int, long, chalf, cfloat, cdouble."""
-    aliases = {"half": tb.float16, "float": tb.float32, "double": tb.float64, "short": tb.int16,
-               "int": tb.int32, "long": tb.int64, "chalf": tb.complex32, "cfloat": tb.complex64,
-               "cdouble": tb.complex128}
+    aliases = {
+        "half": tb.float16,
+        "float": tb.float32,
+        "double": tb.float64,
+        "short": tb.int16,
+        "int": tb.int32,
+        "long": tb.int64,
+        "chalf": tb.complex32,
+        "cfloat": tb.complex64,
+        "cdouble": tb.complex128,
+    }
     for alias, dtype in aliases.items():
         assert getattr(tb, alias) is dtype
         assert BY_NAME[alias] is dtype
@@ -111,7 +147,10 @@ def test_typestr_and_format_agree_with_struct(dtype):
         assert int(dtype.typestr[2:]) == dtype.itemsize
         assert BY_TYPESTR[dtype.typestr[1:]] is dtype
     if dtype.format is not None:
-        assert struct.calcsize(dtype.format.removeprefix("Z") * (2 if dtype.kind == "c" else 1)) == dtype.itemsize
+        assert (
+            struct.calcsize(dtype.format.removeprefix("Z") * (2 if dtype.kind == "c" else 1))
+            == dtype.itemsize
+        )
         assert from_format(dtype.format) is dtype
     assert dtype.bits == 8 * dtype.itemsize
 
@@ -126,17 +165,32 @@ def test_typestrs_match_numpy():
             assert np.dtype(dtype.typestr).kind == dtype.kind
 
 
-@pytest.mark.parametrize(("fmt", "want"), [
-    ("f", tb.float32), ("@f", tb.float32), ("=d", tb.float64), ("?", tb.bool), ("B", tb.uint8), ("c", tb.uint8),
-    ("l", BY_NAME[{4: "int32", 8: "int64"}[ctypes.sizeof(ctypes.c_long)]]), ("=l", tb.int32), ("=L", tb.uint32),
-    ("q", tb.int64), ("Zd", tb.complex128), ("e", tb.float16), ("P", BY_NAME[f"uint{8 * ctypes.sizeof(ctypes.c_void_p)}"]),
-])
+@pytest.mark.parametrize(
+    ("fmt", "want"),
+    [
+        ("f", tb.float32),
+        ("@f", tb.float32),
+        ("=d", tb.float64),
+        ("?", tb.bool),
+        ("B", tb.uint8),
+        ("c", tb.uint8),
+        ("l", BY_NAME[{4: "int32", 8: "int64"}[ctypes.sizeof(ctypes.c_long)]]),
+        ("=l", tb.int32),
+        ("=L", tb.uint32),
+        ("q", tb.int64),
+        ("Zd", tb.complex128),
+        ("e", tb.float16),
+        ("P", BY_NAME[f"uint{8 * ctypes.sizeof(ctypes.c_void_p)}"]),
+    ],
+)
 def test_from_format(fmt, want):
     """Buffer formats map to dtypes, with C aliases and standard sizes."""
     assert from_format(fmt) is want
 
 
-@pytest.mark.parametrize("fmt", ["!f", ">f" if struct.pack("=H", 1)[0] == 1 else "<f", "x", "3f", "T{f:x:}", ""])
+@pytest.mark.parametrize(
+    "fmt", ["!f", ">f" if struct.pack("=H", 1)[0] == 1 else "<f", "x", "3f", "T{f:x:}", ""]
+)
 def test_from_format_refuses_foreign_layouts(fmt):
     """Non-native byte order, padding, counts and structs have no dtype (None: the caller reports it)."""
     assert from_format(fmt) is None
@@ -148,9 +202,13 @@ def test_as_dtype():
     assert as_dtype("float32", "f") is tb.float32
     assert as_dtype("torch.half", "f") is tb.float16
     assert as_dtype("tensorbridge.long", "f") is tb.int64
-    with pytest.raises(TypeError, match=r"f\(\): argument 'dtype' must be tensorbridge.dtype, not str; got 'f33'"):
+    with pytest.raises(
+        TypeError, match=r"f\(\): argument 'dtype' must be tensorbridge.dtype, not str; got 'f33'"
+    ):
         as_dtype("f33", "f")
-    with pytest.raises(TypeError, match=r"g\(\): argument 'out' must be tensorbridge.dtype, not type; got <class"):
+    with pytest.raises(
+        TypeError, match=r"g\(\): argument 'out' must be tensorbridge.dtype, not type; got <class"
+    ):
         as_dtype(float, "g", "out")
 
 
@@ -160,5 +218,9 @@ def test_all_dtypes_are_exported():
         assert dtype.name in tb.__all__
     assert len({d.name for d in ALL_DTYPES}) == len(ALL_DTYPES)
     assert len(set(BY_DLPACK)) == len(ALL_DTYPES)
-    assert _dtype.result_kind_order(tb.bool) < _dtype.result_kind_order(tb.uint8) < _dtype.result_kind_order(
-        tb.float16) < _dtype.result_kind_order(tb.complex64)
+    assert (
+        _dtype.result_kind_order(tb.bool)
+        < _dtype.result_kind_order(tb.uint8)
+        < _dtype.result_kind_order(tb.float16)
+        < _dtype.result_kind_order(tb.complex64)
+    )

@@ -26,8 +26,16 @@ from tensorbridge import _capi, _dlpack
 
 def tensor_facts(t: tb.Tensor) -> tuple[Any, ...]:
     """Everything an import decides: pointer, layout, dtype, device, flags and the bytes."""
-    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, t.is_readonly,
-            t._storage.is_copied, bytes(t._bytes("test")) if t.numel() else b"")
+    return (
+        t.data_ptr(),
+        tuple(t.shape),
+        t.stride(),
+        t.dtype,
+        t.device,
+        t.is_readonly,
+        t._storage.is_copied,
+        bytes(t._bytes("test")) if t.numel() else b"",
+    )
 
 
 @pytest.fixture
@@ -44,15 +52,21 @@ def fresh_producers(monkeypatch):
 
 
 class _Header(ctypes.Structure):
-    _fields_ = (("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev_api", ctypes.c_void_p))
+    _fields_ = (
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("prev_api", ctypes.c_void_p),
+    )
 
 
 class _Table(ctypes.Structure):
     _fields_ = (
-        ("header", _Header), ("managed_tensor_allocator", ctypes.c_void_p),
+        ("header", _Header),
+        ("managed_tensor_allocator", ctypes.c_void_p),
         ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
         ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
-        ("dltensor_from_py_object_no_sync", ctypes.c_void_p), ("current_work_stream", ctypes.c_void_p),
+        ("dltensor_from_py_object_no_sync", ctypes.c_void_p),
+        ("current_work_stream", ctypes.c_void_p),
     )
 
 
@@ -86,8 +100,13 @@ def _function(fn: Any) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def _table(major: int = 1, prev: int | None = None, *, from_py: Any = _crafted_from_py,
-           to_py: Any = _never_to_py) -> _Table:
+def _table(
+    major: int = 1,
+    prev: int | None = None,
+    *,
+    from_py: Any = _crafted_from_py,
+    to_py: Any = _never_to_py,
+) -> _Table:
     table = _Table()
     table.header.major, table.header.minor, table.header.prev_api = major, 3, prev
     table.managed_tensor_allocator = table.dltensor_from_py_object_no_sync = _function(_unused)
@@ -122,7 +141,9 @@ def handed(crafted, *args, **kwargs):
     return crafted(*args, destructor=False, **kwargs)
 
 
-def producer_type(table: _Table | None = None, *, advertised: Any = None, attribute: str = "") -> type:
+def producer_type(
+    table: _Table | None = None, *, advertised: Any = None, attribute: str = ""
+) -> type:
     """A new `_ExchangeProducer` type advertising ``table`` (a capsule), or ``advertised`` as is."""
     if advertised is None:
         advertised = _capi.PyCapsule_New(ctypes.addressof(table), _API_NAME, None)
@@ -157,17 +178,28 @@ def test_exchange_api_lookup_is_cached_per_type(fresh_producers, monkeypatch, cr
 
 @pytest.mark.parametrize(
     "case",
-    ["major 2 without prev_api", "NULL from_py", "NULL to_py", "wrong capsule name", "not a capsule"],
+    [
+        "major 2 without prev_api",
+        "NULL from_py",
+        "NULL to_py",
+        "wrong capsule name",
+        "not a capsule",
+    ],
 )
 def test_unusable_tables_are_ignored(fresh_producers, crafted, case):
     """A table that cannot be used means the __dlpack__ path, never a crash or a half import."""
     if case == "wrong capsule name":
-        cls = producer_type(advertised=_capi.PyCapsule_New(ctypes.addressof(_table()), b"other", None))
+        cls = producer_type(
+            advertised=_capi.PyCapsule_New(ctypes.addressof(_table()), b"other", None)
+        )
     elif case == "not a capsule":
         cls = producer_type(advertised="dlpack_exchange_api")
     else:
-        table = {"major 2 without prev_api": lambda: _table(major=2), "NULL from_py": lambda: _table(from_py=None),
-                 "NULL to_py": lambda: _table(to_py=None)}[case]()
+        table = {
+            "major 2 without prev_api": lambda: _table(major=2),
+            "NULL from_py": lambda: _table(from_py=None),
+            "NULL to_py": lambda: _table(to_py=None),
+        }[case]()
         cls = producer_type(table)
     assert _dlpack.exchange_api(cls) is None
     inner, fallback = handed(crafted), crafted((5.0, 6.0))
@@ -216,7 +248,9 @@ def test_exchange_import_owns_the_managed_tensor(fresh_producers, crafted):
     assert inner.deleter_calls == 1
 
 
-@pytest.mark.parametrize(("flags", "readonly", "copied"), [(0, False, False), (1, True, False), (2, False, True)])
+@pytest.mark.parametrize(
+    ("flags", "readonly", "copied"), [(0, False, False), (1, True, False), (2, False, True)]
+)
 def test_exchange_import_honours_the_flags(fresh_producers, crafted, flags, readonly, copied):
     """READ_ONLY and IS_COPIED mean what they mean in a capsule."""
     t = tb.from_dlpack(producer_type(_table())(handed(crafted, flags=flags)))
@@ -270,9 +304,30 @@ def test_null_deleter_from_the_table(fresh_producers, crafted):
 # PyTorch
 
 torch_dtype_names = [
-    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "bfloat16",
-    "float32", "float64", "complex32", "complex64", "complex128", "float8_e4m3fn", "float8_e4m3fnuz",
-    "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "uint1", "int4",
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex32",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+    "uint1",
+    "int4",
 ]
 
 
@@ -294,8 +349,14 @@ def _torch_sample(torch, name: str, shape: tuple[int, ...] = (4, 6)):
 
 def _torch_layouts(torch, x):
     return {
-        "contiguous": x, "transposed": x.t(), "sliced": x[1:, ::2], "row": x[2], "zero_d": x[1, 1],
-        "empty": x[:0], "expanded": x[:1].expand(3, -1), "offset": x[1:3, 2:5],
+        "contiguous": x,
+        "transposed": x.t(),
+        "sliced": x[1:, ::2],
+        "row": x[2],
+        "zero_d": x[1, 1],
+        "empty": x[:0],
+        "expanded": x[:1].expand(3, -1),
+        "offset": x[1:3, 2:5],
     }
 
 
@@ -366,7 +427,9 @@ def test_torch_deleter_runs_exactly_once(torch, fresh_producers, monkeypatch):
     assert x.tolist() == list(range(8))
 
 
-@pytest.mark.parametrize("case", ["requires_grad", "non-leaf", "conj", "sparse", "sparse_csr", "meta"])
+@pytest.mark.parametrize(
+    "case", ["requires_grad", "non-leaf", "conj", "sparse", "sparse_csr", "meta"]
+)
 def test_torch_refusals_are_the_capsule_paths(torch, monkeypatch, case):
     """What the __dlpack__ path refuses is refused with the same exception and text."""
     make = {

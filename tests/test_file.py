@@ -37,8 +37,9 @@ def test_reads_elements(data_file):
     assert t.tolist() == VALUES[:4]
 
 
-@pytest.mark.parametrize("convert", [str, os.fsencode, lambda p: p],
-                         ids=["str", "bytes", "pathlike"])
+@pytest.mark.parametrize(
+    "convert", [str, os.fsencode, lambda p: p], ids=["str", "bytes", "pathlike"]
+)
 def test_file_names(data_file, convert):
     """str, bytes and os.PathLike names all work (PyTorch refuses PathLike)."""
     assert tb.from_file(convert(data_file), size=2).tolist() == VALUES[:2]
@@ -57,7 +58,7 @@ def test_offset_in_bytes(tmp_path, offset):
     raw = bytes(i % 256 for i in range(8192 + 64))
     path.write_bytes(raw)
     t = tb.from_file(path, size=5, dtype=tb.int16, offset=offset)
-    assert t.tolist() == list(struct.unpack("=5h", raw[offset:offset + 10]))
+    assert t.tolist() == list(struct.unpack("=5h", raw[offset : offset + 10]))
 
 
 def test_size_zero_is_empty_and_touches_nothing(tmp_path):
@@ -146,8 +147,12 @@ def test_missing_file(tmp_path):
     """A missing file is PyTorch's RuntimeError ("read-only mode": private or read-only maps)."""
     path = tmp_path / "missing.bin"
     for kwargs in ({}, {"shared": False}, {"mode": "r"}, {"mode": "r", "shared": True}):
-        with pytest.raises(RuntimeError, match=re.escape(
-                f"unable to open file <{path}> in read-only mode: No such file or directory (2)")):
+        with pytest.raises(
+            RuntimeError,
+            match=re.escape(
+                f"unable to open file <{path}> in read-only mode: No such file or directory (2)"
+            ),
+        ):
             tb.from_file(path, size=2, **kwargs)
     assert not path.exists()
 
@@ -155,8 +160,9 @@ def test_missing_file(tmp_path):
 def test_short_file(data_file):
     """A file shorter than the mapping is PyTorch's RuntimeError, with the byte counts given."""
     size = len(VALUES) * 4
-    text = (f"file <{data_file}> size <{size}> is smaller than the required mapping size "
-            f"<{size + 4}>")
+    text = (
+        f"file <{data_file}> size <{size}> is smaller than the required mapping size <{size + 4}>"
+    )
     with pytest.raises(RuntimeError, match=re.escape(text)):
         tb.from_file(data_file, size=len(VALUES) + 1)
     pattern = r"required mapping size <42> \(offset 2 bytes \+ 40 bytes"
@@ -166,8 +172,12 @@ def test_short_file(data_file):
 
 def test_negative_size(data_file):
     """size=-1 is PyTorch's RuntimeError text, with the reason added."""
-    with pytest.raises(RuntimeError, match=re.escape(
-            f"unable to mmap -4 bytes from file <{data_file}>: Cannot allocate memory (12)")):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(
+            f"unable to mmap -4 bytes from file <{data_file}>: Cannot allocate memory (12)"
+        ),
+    ):
         tb.from_file(data_file, size=-1)
 
 
@@ -184,19 +194,31 @@ def test_directory(tmp_path):
     ("kwargs", "error", "pattern"),
     [
         ({"filename": 3}, TypeError, "argument 'filename'"),
-        ({"shared": "yes"}, TypeError,
-         re.escape("argument 'shared' (position 2) must be bool, not str")),
-        ({"shared": 1}, TypeError,
-         re.escape("argument 'shared' (position 2) must be bool, not int")),
-        ({"size": 2.0}, TypeError,
-         re.escape("from_file(): argument 'size' must be int, not float")),
+        (
+            {"shared": "yes"},
+            TypeError,
+            re.escape("argument 'shared' (position 2) must be bool, not str"),
+        ),
+        (
+            {"shared": 1},
+            TypeError,
+            re.escape("argument 'shared' (position 2) must be bool, not int"),
+        ),
+        (
+            {"size": 2.0},
+            TypeError,
+            re.escape("from_file(): argument 'size' must be int, not float"),
+        ),
         ({"offset": 1.5}, TypeError, "argument 'offset' must be int"),
         ({"dtype": 3}, TypeError, "argument 'dtype'"),
         ({"requires_grad": None}, TypeError, "argument 'requires_grad' must be bool"),
         ({"mode": "w"}, ValueError, "mode must be None"),
         ({"offset": -1}, ValueError, "offset must be a non-negative"),
-        ({"dtype": tb.int32, "requires_grad": True}, RuntimeError,
-         "Only Tensors of floating point and complex dtype can require gradients"),
+        (
+            {"dtype": tb.int32, "requires_grad": True},
+            RuntimeError,
+            "Only Tensors of floating point and complex dtype can require gradients",
+        ),
     ],
 )
 def test_argument_errors(data_file, kwargs, error, pattern):
@@ -214,8 +236,11 @@ def test_requires_grad(data_file):
 def test_messages_match_torch(data_file, tmp_path):
     """torch.from_file's messages are substrings of ours: missing file, short file, size=-1."""
     torch = pytest.importorskip("torch")
-    cases = [(str(tmp_path / "missing.bin"), {"size": 2}), (str(data_file), {"size": 11}),
-             (str(data_file), {"size": -1})]
+    cases = [
+        (str(tmp_path / "missing.bin"), {"size": 2}),
+        (str(data_file), {"size": 11}),
+        (str(data_file), {"size": -1}),
+    ]
     for name, kwargs in cases:
         with pytest.raises(RuntimeError) as theirs:
             torch.from_file(name, **kwargs)

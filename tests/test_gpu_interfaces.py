@@ -74,15 +74,22 @@ def cuda() -> Iterator[Cuda]:
 class DeviceMemory:
     """A CUDA allocation exposed through the CUDA Array Interface; freed when collected."""
 
-    def __init__(self, cuda: Cuda, shape: tuple[int, ...], typestr: str = "<f4", stream: int | None = None):
+    def __init__(
+        self, cuda: Cuda, shape: tuple[int, ...], typestr: str = "<f4", stream: int | None = None
+    ):
         self.cuda = cuda
         itemsize = int(typestr[2:])
         self.nbytes = itemsize
         for n in shape:
             self.nbytes *= n
         self.ptr = cuda.alloc(max(self.nbytes, 1))
-        self.__cuda_array_interface__ = {"data": (self.ptr, False), "shape": shape, "typestr": typestr,
-                                         "version": 3, "stream": stream}
+        self.__cuda_array_interface__ = {
+            "data": (self.ptr, False),
+            "shape": shape,
+            "typestr": typestr,
+            "version": 3,
+            "stream": stream,
+        }
 
     def __del__(self) -> None:
         self.cuda.mem_free(self.ptr)
@@ -107,7 +114,9 @@ def test_stream_is_synchronised_before_import_returns(cuda):
         for value in range(1, 33):  # ~32 GiB of writes: still running when asarray is called
             cuda.check(cuda.memset_async(mem.ptr, value, mem.nbytes, stream))
         if cuda.stream_query(stream) != _CUDA_ERROR_NOT_READY:
-            pytest.skip("the GPU finished the queued work before the import; nothing left to observe")
+            pytest.skip(
+                "the GPU finished the queued work before the import; nothing left to observe"
+            )
         tb.asarray(mem)
         assert cuda.stream_query(stream) == 0  # CUDA_SUCCESS: nothing pending
         assert cuda.read(mem.ptr + mem.nbytes - 4, 4) == b"\x20" * 4
@@ -126,8 +135,12 @@ def test_unknown_pointer_is_refused(cuda):
     """A pointer the driver does not know is a BufferError naming the CUDA error, not a crash."""
 
     class Bogus:
-        __cuda_array_interface__: ClassVar = {"data": (0x7F00_0000_0000, False), "shape": (2,),
-                                              "typestr": "<f4", "version": 3}
+        __cuda_array_interface__: ClassVar = {
+            "data": (0x7F00_0000_0000, False),
+            "shape": (2,),
+            "typestr": "<f4",
+            "version": 3,
+        }
 
     with pytest.raises(BufferError, match="CUDA error"):
         tb.asarray(Bogus())

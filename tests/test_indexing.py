@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests import strategies as S
 
 import tensorbridge as tb
-from tests import strategies as S
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,9 @@ def _expand_ellipsis(items: list[Any], ndim: int) -> list[Any]:
     return out
 
 
-def _list_getitem(nested: Any, shape: tuple[int, ...], items: list[Any]) -> tuple[Any, tuple[int, ...]]:
+def _list_getitem(
+    nested: Any, shape: tuple[int, ...], items: list[Any]
+) -> tuple[Any, tuple[int, ...]]:
     """Basic indexing of nested Python lists, using Python's own slice semantics: (value, shape)."""
     if not items:
         return nested, shape
@@ -55,7 +57,11 @@ def _list_getitem(nested: Any, shape: tuple[int, ...], items: list[Any]) -> tupl
         value, sub = _list_getitem(nested, shape, rest)
         return [value], (1, *sub)
     if head is False:
-        _, sub = _list_getitem(nested, shape, rest) if math.prod(shape) else (None, _shape_only(shape, rest))
+        _, sub = (
+            _list_getitem(nested, shape, rest)
+            if math.prod(shape)
+            else (None, _shape_only(shape, rest))
+        )
         return [], (0, *sub)
     if isinstance(head, int):
         return _list_getitem(nested[head], shape[1:], rest)
@@ -109,10 +115,7 @@ def _np_key_parts(np: Any, key: Any, ndim: int) -> tuple[tuple[Any, ...], list[t
             arrays.append((out_dim, mask))
             basic.extend([slice(None)] * mask.ndim)
             out_dim += mask.ndim
-        elif isinstance(it, slice) or it is None or it is True:
-            basic.append(it)
-            out_dim += 1
-        elif it is False:
+        elif isinstance(it, slice) or it is None or it is True or it is False:
             basic.append(it)
             out_dim += 1
         else:
@@ -134,7 +137,9 @@ def _np_second_key(ndim: int, arrays: list[tuple[int, Any]]) -> tuple[Any, ...]:
 def np_getitem(np: Any, arr: Any, key: Any) -> Any:
     """``arr[key]`` with PyTorch's semantics, computed with NumPy (see the module docstring)."""
     basic, arrays = _np_key_parts(np, key, arr.ndim)
-    view = arr[(*basic, Ellipsis)]  # the trailing ... keeps a 0-d result an array view, not a scalar
+    view = arr[
+        (*basic, Ellipsis)
+    ]  # the trailing ... keeps a 0-d result an array view, not a scalar
     if not arrays:
         return view
     return view[_np_second_key(view.ndim, arrays)]
@@ -155,7 +160,8 @@ def np_strided(np: Any, layout: S.Layout, dtype: tb.dtype) -> tuple[Any, Any]:
     base = np.array(S.storage_values(dtype, layout.size), dtype=np.dtype(dtype.typestr))
     item = base.itemsize
     view = np.lib.stride_tricks.as_strided(
-        base[layout.offset:], layout.shape, [s * item for s in layout.strides])
+        base[layout.offset :], layout.shape, [s * item for s in layout.strides]
+    )
     return base, view
 
 
@@ -217,16 +223,22 @@ def test_basic_index_aliases_and_advanced_index_copies(np, layout, data):
         assert base.tolist() == base_np.tolist()
 
 
-@pytest.mark.parametrize(("key", "shape"), [
-    ((0, slice(None), [0, 1]), (3, 2)),        # int, then a list: PyTorch's (3, 2), not NumPy's (2, 3)
-    ((slice(None), [0], Ellipsis, [0]), (2, 1)),  # an empty ... keeps the lists adjacent
-    (([[0], [1]], slice(None), [0, 1, 2]), (2, 3, 3)),
-    ((None, [0, 1], [1, 2]), (1, 2, 4)),
-    (([0, 1], None, [1, 2]), (2, 1, 4)),
-    ((Ellipsis, None), (2, 3, 4, 1)),
-    ((None, 1), (1, 3, 4)),
-    ((slice(None, None, -1), 0, slice(1, None, 2)), (2, 2)),
-])
+@pytest.mark.parametrize(
+    ("key", "shape"),
+    [
+        (
+            (0, slice(None), [0, 1]),
+            (3, 2),
+        ),  # int, then a list: PyTorch's (3, 2), not NumPy's (2, 3)
+        ((slice(None), [0], Ellipsis, [0]), (2, 1)),  # an empty ... keeps the lists adjacent
+        (([[0], [1]], slice(None), [0, 1, 2]), (2, 3, 3)),
+        ((None, [0, 1], [1, 2]), (1, 2, 4)),
+        (([0, 1], None, [1, 2]), (2, 1, 4)),
+        ((Ellipsis, None), (2, 3, 4, 1)),
+        ((None, 1), (1, 3, 4)),
+        ((slice(None, None, -1), 0, slice(1, None, 2)), (2, 2)),
+    ],
+)
 def test_index_placement_follows_pytorch(key, shape):
     """Result shapes follow PyTorch for mixed basic and advanced keys."""
     assert tuple(tb.arange(24).reshape(2, 3, 4)[key].shape) == shape
@@ -291,8 +303,12 @@ def test_negative_steps_view_backwards():
 def test_index_lists_of_each_kind():
     """Integer lists, bool lists, int64/int32/uint8/bool tensors and NumPy arrays index alike."""
     t = tb.arange(6)
-    for key in ([4, 0, -1], tb.tensor([4, 0, -1]), tb.tensor([4, 0, 5], dtype=tb.int32),
-                tb.tensor([4, 0, 5], dtype=tb.uint8)):
+    for key in (
+        [4, 0, -1],
+        tb.tensor([4, 0, -1]),
+        tb.tensor([4, 0, 5], dtype=tb.int32),
+        tb.tensor([4, 0, 5], dtype=tb.uint8),
+    ):
         assert t[key].tolist() == [4, 0, 5]
     mask = [True, False, True, False, False, True]
     assert t[mask].tolist() == [0, 2, 5]
@@ -334,18 +350,29 @@ def test_setitem_matches_numpy(np, layout, dtype, data):
         with pytest.raises(IndexError):
             t[S.tb_key(key, as_tensor=False)] = 1
         return
-    offsets = np_getitem(np, np.lib.stride_tricks.as_strided(
-        np.arange(layout.size)[layout.offset:], layout.shape, [s * 8 for s in layout.strides]), key)
+    offsets = np_getitem(
+        np,
+        np.lib.stride_tricks.as_strided(
+            np.arange(layout.size)[layout.offset :], layout.shape, [s * 8 for s in layout.strides]
+        ),
+        key,
+    )
     unique = len(set(offsets.ravel().tolist())) == offsets.size
-    form = data.draw(st.sampled_from(["scalar", "list", "tensor", "other dtype"]) if unique
-                     else st.just("scalar"))
+    form = data.draw(
+        st.sampled_from(["scalar", "list", "tensor", "other dtype"])
+        if unique
+        else st.just("scalar")
+    )
     if form == "scalar":
         value: Any = S.storage_values(dtype, 7)[data.draw(st.integers(0, 6))]
         np_value: Any = value
     else:
         vshape = data.draw(S.broadcastable_shapes(target.shape))
-        src_dtype = dtype if form != "other dtype" else data.draw(
-            S.dtypes().filter(lambda d: _castable(d, dtype)))
+        src_dtype = (
+            dtype
+            if form != "other dtype"
+            else data.draw(S.dtypes().filter(lambda d: _castable(d, dtype)))
+        )
         flat = S.storage_values(src_dtype, math.prod(vshape) + 3)[3:]
         np_value = np.array(flat, dtype=np.dtype(src_dtype.typestr)).reshape(vshape)
         value = S.nest(flat, vshape) if vshape else flat[0]
@@ -364,13 +391,19 @@ def test_setitem_from_overlapping_view_of_itself(np, layout, data):
     base = tb.tensor(S.storage_values(tb.int64, layout.size), dtype=tb.int64)
     t = base.as_strided(layout.shape, layout.strides, layout.offset)
     target_np = np_getitem(np, view_np, key)
-    offsets = np_getitem(np, np.lib.stride_tricks.as_strided(
-        np.arange(layout.size)[layout.offset:], layout.shape, [s * 8 for s in layout.strides]), key)
+    offsets = np_getitem(
+        np,
+        np.lib.stride_tricks.as_strided(
+            np.arange(layout.size)[layout.offset :], layout.shape, [s * 8 for s in layout.strides]
+        ),
+        key,
+    )
     if len(set(offsets.ravel().tolist())) != offsets.size:
         return  # aliased destination elements: the written value is order-dependent
     src_layout = data.draw(S.layouts(shape=st.just(target_np.shape), size=layout.size))
     src_np = np.lib.stride_tricks.as_strided(
-        base_np[src_layout.offset:], src_layout.shape, [s * 8 for s in src_layout.strides])
+        base_np[src_layout.offset :], src_layout.shape, [s * 8 for s in src_layout.strides]
+    )
     src = base.as_strided(src_layout.shape, src_layout.strides, src_layout.offset)
     target_np[...] = src_np.copy()
     t[key] = src
@@ -394,25 +427,39 @@ def test_setitem_value_forms():
 
 
 # ----------------------------------------------------------------------------- errors
-@pytest.mark.parametrize(("key", "exc", "text"), [
-    (6, IndexError, "index 6 is out of bounds for dimension 0 with size 6"),
-    (-7, IndexError, "index -7 is out of bounds for dimension 0 with size 6"),
-    ((0, 0), IndexError, "too many indices for tensor of dimension 1"),
-    (([0, 1], [0]), IndexError, "too many indices for tensor of dimension 1"),
-    ([0, 6], IndexError, "index 6 is out of bounds for dimension 0 with size 6"),
-    (tb.tensor([-7]), IndexError, "index -7 is out of bounds for dimension 0 with size 6"),
-    ([True, False], IndexError,
-     "The shape of the mask [2] at index 0 does not match the shape of the indexed tensor [6] at index 0"),
-    (1.0, IndexError, "only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are "
-                      "valid indices"),
-    ("a", IndexError, "valid indices; got 'a' (str)"),
-    (tb.tensor([1.0]), IndexError, "tensors used as indices must be long, int, byte or bool tensors"),
-    ([[0.5]], IndexError, "tensors used as indices must be long, int, byte or bool tensors"),
-    (["x"], IndexError, "index lists must hold ints or bools"),
-    (slice(None, None, 0), ValueError, "slice step cannot be zero"),
-    (slice(0.5, None), TypeError, "slice indices must be integers or None"),
-    ((Ellipsis, Ellipsis), IndexError, "an index can only have a single ellipsis"),
-])
+@pytest.mark.parametrize(
+    ("key", "exc", "text"),
+    [
+        (6, IndexError, "index 6 is out of bounds for dimension 0 with size 6"),
+        (-7, IndexError, "index -7 is out of bounds for dimension 0 with size 6"),
+        ((0, 0), IndexError, "too many indices for tensor of dimension 1"),
+        (([0, 1], [0]), IndexError, "too many indices for tensor of dimension 1"),
+        ([0, 6], IndexError, "index 6 is out of bounds for dimension 0 with size 6"),
+        (tb.tensor([-7]), IndexError, "index -7 is out of bounds for dimension 0 with size 6"),
+        (
+            [True, False],
+            IndexError,
+            "The shape of the mask [2] at index 0 does not match the shape of the indexed tensor [6] at index 0",
+        ),
+        (
+            1.0,
+            IndexError,
+            "only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are "
+            "valid indices",
+        ),
+        ("a", IndexError, "valid indices; got 'a' (str)"),
+        (
+            tb.tensor([1.0]),
+            IndexError,
+            "tensors used as indices must be long, int, byte or bool tensors",
+        ),
+        ([[0.5]], IndexError, "tensors used as indices must be long, int, byte or bool tensors"),
+        (["x"], IndexError, "index lists must hold ints or bools"),
+        (slice(None, None, 0), ValueError, "slice step cannot be zero"),
+        (slice(0.5, None), TypeError, "slice indices must be integers or None"),
+        ((Ellipsis, Ellipsis), IndexError, "an index can only have a single ellipsis"),
+    ],
+)
 def test_getitem_errors(key, exc, text):
     """Bad keys raise the documented type with PyTorch's text and the offending value."""
     with pytest.raises(exc) as info:
@@ -436,8 +483,11 @@ def test_index_tensors_that_do_not_broadcast():
 def test_setitem_errors():
     """Shape mismatches and unconvertible values fail with expand's text, before any write."""
     t = tb.zeros(2, 3)
-    with pytest.raises(ValueError, match=r"__setitem__\(\): The expanded size of the tensor \(3\) must match "
-                                         r"the existing size \(2\) at non-singleton dimension 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"__setitem__\(\): The expanded size of the tensor \(3\) must match "
+        r"the existing size \(2\) at non-singleton dimension 1",
+    ):
         t[...] = tb.zeros(2)
     with pytest.raises(ValueError, match="the number of sizes provided"):
         t[0] = tb.zeros(2, 3)

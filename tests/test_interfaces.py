@@ -25,7 +25,9 @@ FAKE_CUDA_PTR = 0x7F00_0000_0000  # never mapped on the host: reading it would c
 class Exporter:
     """An object that exposes only an interface dict and owns the memory behind it."""
 
-    def __init__(self, iface: dict[str, Any], memory: object = None, attr: str = "__array_interface__"):
+    def __init__(
+        self, iface: dict[str, Any], memory: object = None, attr: str = "__array_interface__"
+    ):
         self.memory = memory
         setattr(self, attr, iface)
 
@@ -39,8 +41,16 @@ def _iface(ptr: int, shape: tuple[int, ...], typestr: str = "<i4", **extra: Any)
     return {"data": (ptr, False), "shape": shape, "typestr": typestr, "version": 3, **extra}
 
 
-def _check_view(t: tb.Tensor, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...],
-                dtype: tb.dtype, device: str, readonly: bool, owner: object) -> None:
+def _check_view(
+    t: tb.Tensor,
+    ptr: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: tb.dtype,
+    device: str,
+    readonly: bool,
+    owner: object,
+) -> None:
     """One place that asserts everything an import must preserve."""
     assert t.data_ptr() == ptr
     assert tuple(t.shape) == shape
@@ -101,7 +111,9 @@ def test_array_interface_keeps_exporter_alive():
 def test_array_interface_buffer_data_is_held_and_bounds_checked():
     """data given as a buffer object: its export is held open, offset applies, and the layout must fit."""
     data = bytearray(range(16))
-    t = tb.asarray(Exporter({"data": data, "offset": 4, "shape": (3,), "typestr": "|u1", "version": 3}))
+    t = tb.asarray(
+        Exporter({"data": data, "offset": 4, "shape": (3,), "typestr": "|u1", "version": 3})
+    )
     assert t.tolist() == [4, 5, 6]
     with pytest.raises(BufferError):
         data.append(0)  # the export is held while the tensor lives (compat.md F1)
@@ -109,8 +121,11 @@ def test_array_interface_buffer_data_is_held_and_bounds_checked():
     gc.collect()
     data.append(0)
     with pytest.raises(ValueError, match="outside the 12 bytes"):
-        tb.asarray(Exporter({"data": bytearray(16), "offset": 4, "shape": (4,), "typestr": "<i4",
-                             "version": 3}))
+        tb.asarray(
+            Exporter(
+                {"data": bytearray(16), "offset": 4, "shape": (4,), "typestr": "<i4", "version": 3}
+            )
+        )
 
 
 def test_array_interface_without_data_uses_the_objects_own_buffer():
@@ -222,7 +237,9 @@ def test_array_interface_layout_round_trip(layout):
     assert t.data_ptr() == (src.data_ptr() if src.numel() else 0)  # empty: the spec's NULL pointer
     assert t.tolist() == src.tolist()
     assert tuple(t.shape) == tuple(src.shape)
-    nontrivial = [i for i, n in enumerate(src.shape) if n > 1 and src.numel()]  # these strides mean something
+    nontrivial = [
+        i for i, n in enumerate(src.shape) if n > 1 and src.numel()
+    ]  # these strides mean something
     assert [t.stride(i) for i in nontrivial] == [src.stride(i) for i in nontrivial]
 
 
@@ -233,7 +250,9 @@ def test_array_interface_numpy_negative_strides():
     obj = Exporter(a.__array_interface__, a)
     t = tb.asarray(obj)
     assert _dispatch_path(obj) == "array_interface"
-    _check_view(t, a.ctypes.data, a.shape, tuple(s // 4 for s in a.strides), tb.float32, "cpu", False, obj)
+    _check_view(
+        t, a.ctypes.data, a.shape, tuple(s // 4 for s in a.strides), tb.float32, "cpu", False, obj
+    )
     assert t.tolist() == a.tolist()
 
 
@@ -285,7 +304,13 @@ def fake_driver(monkeypatch):
 
 
 def _cai(**extra: Any) -> dict[str, Any]:
-    return {"data": (FAKE_CUDA_PTR, False), "shape": (2, 3), "typestr": "<f4", "version": 3, **extra}
+    return {
+        "data": (FAKE_CUDA_PTR, False),
+        "shape": (2, 3),
+        "typestr": "<f4",
+        "version": 3,
+        **extra,
+    }
 
 
 def test_cai_import_carries_pointer_without_reading(no_driver):
@@ -317,8 +342,9 @@ def test_cai_stream_without_driver_is_refused(no_driver):
         tb.asarray(Exporter(_cai(stream=7), attr="__cuda_array_interface__"))
 
 
-@pytest.mark.parametrize(("stream", "exc"), [(0, ValueError), (-3, ValueError), (True, TypeError),
-                                             ("1", TypeError)])
+@pytest.mark.parametrize(
+    ("stream", "exc"), [(0, ValueError), (-3, ValueError), (True, TypeError), ("1", TypeError)]
+)
 def test_cai_bad_stream_is_refused(fake_driver, stream, exc):
     """Stream 0 is disallowed by the spec; negatives and non-ints are refused too."""
     with pytest.raises(exc, match="stream"):
@@ -380,7 +406,9 @@ def test_cai_export_round_trip(fake_driver):
     assert iface["strides"] == (24, 2)
     assert iface["stream"] == 1
     back = tb.asarray(Exporter(iface, attr="__cuda_array_interface__"))
-    _check_view(back, t.data_ptr(), (2, 5), (12, 1), tb.float16, "cuda:0", False, back._storage.owner)
+    _check_view(
+        back, t.data_ptr(), (2, 5), (12, 1), tb.float16, "cuda:0", False, back._storage.owner
+    )
     assert fake_driver.synced == [(1, 0)]  # the exported legacy-stream ordering is honoured
 
 
@@ -415,7 +443,9 @@ def test_cai_absent_on_cpu_tensors():
 def test_cai_export_refuses_requires_grad():
     """A CUDA tensor that requires grad is refused with PyTorch's text."""
     t = tb.from_pointer(FAKE_CUDA_PTR, (2,), tb.float32, device="cuda").requires_grad_()
-    with pytest.raises(RuntimeError, match="Can't get __cuda_array_interface__ on Variable that requires grad"):
+    with pytest.raises(
+        RuntimeError, match="Can't get __cuda_array_interface__ on Variable that requires grad"
+    ):
         _ = t.__cuda_array_interface__
 
 
@@ -459,8 +489,17 @@ def test_cuda_driver_absent_or_initialised():
 # ---------------------------------------------------------------------------------------------- wrap_memory
 def test_wrap_memory_storage_spans_exactly_the_layout():
     """Without an extent, the storage covers exactly the bytes the layout reaches (negative strides too)."""
-    t = _interfaces.wrap_memory(0x10000, 0, (3, 2), (-4, 1), tb.int32, device=tb.device("cpu"),
-                                readonly=True, owner=None, api="x")
+    t = _interfaces.wrap_memory(
+        0x10000,
+        0,
+        (3, 2),
+        (-4, 1),
+        tb.int32,
+        device=tb.device("cpu"),
+        readonly=True,
+        owner=None,
+        api="x",
+    )
     assert t._storage.ptr == 0x10000 - 8 * 4
     assert t._storage.nbytes == 10 * 4
     assert t.data_ptr() == 0x10000
@@ -469,13 +508,32 @@ def test_wrap_memory_storage_spans_exactly_the_layout():
 def test_wrap_memory_extent_is_checked():
     """With an extent, a layout reaching outside it is a ValueError."""
     with pytest.raises(ValueError, match="outside the 16 bytes"):
-        _interfaces.wrap_memory(0x10000, 1, (4,), (1,), tb.int32, device=tb.device("cpu"), readonly=False,
-                                owner=None, api="x", nbytes=16)
+        _interfaces.wrap_memory(
+            0x10000,
+            1,
+            (4,),
+            (1,),
+            tb.int32,
+            device=tb.device("cpu"),
+            readonly=False,
+            owner=None,
+            api="x",
+            nbytes=16,
+        )
 
 
 @pytest.mark.skipif(sys.maxsize < 2**63 - 1, reason="64-bit address arithmetic")
 def test_wrap_memory_refuses_address_wraparound():
     """An address range that would wrap past 2**64 is refused."""
     with pytest.raises(ValueError, match="address space"):
-        _interfaces.wrap_memory(2**64 - 8, 0, (4,), (1,), tb.int32, device=tb.device("cpu"), readonly=False,
-                                owner=None, api="x")
+        _interfaces.wrap_memory(
+            2**64 - 8,
+            0,
+            (4,),
+            (1,),
+            tb.int32,
+            device=tb.device("cpu"),
+            readonly=False,
+            owner=None,
+            api="x",
+        )

@@ -12,10 +12,10 @@ import pickle
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests import strategies as S
 
 import tensorbridge as tb
 from tensorbridge import _layout
-from tests import strategies as S
 
 
 @pytest.fixture(scope="module")
@@ -43,22 +43,33 @@ def test_size_is_a_tuple_printed_like_torch():
     assert pickle.loads(pickle.dumps(s)) == s
 
 
-@pytest.mark.parametrize(("args", "shape"), [
-    ((2, 3), (2, 3)), (((2, 3),), (2, 3)), (([2, 3],), (2, 3)), ((), ()), (((),), ()),
-    ((tb.Size([4]),), (4,)), ((0,), (0,)),
-])
+@pytest.mark.parametrize(
+    ("args", "shape"),
+    [
+        ((2, 3), (2, 3)),
+        (((2, 3),), (2, 3)),
+        (([2, 3],), (2, 3)),
+        ((), ()),
+        (((),), ()),
+        ((tb.Size([4]),), (4,)),
+        ((0,), (0,)),
+    ],
+)
 def test_as_shape_accepts_pytorch_spellings(args, shape):
     """as_shape takes f(2, 3), f((2, 3)), f([2, 3]) and f(Size) alike."""
     assert _layout.as_shape(args, "zeros") == shape
 
 
-@pytest.mark.parametrize(("args", "exc", "text"), [
-    ((2.0,), TypeError, "zeros(): size must be a sequence of ints; got 2.0 (float)"),
-    ((2, "3"), TypeError, "zeros(): each size must be an int; got '3' (str)"),
-    ((True,), TypeError, "zeros(): each size must be an int; got True (bool)"),
-    ((2, -1), ValueError, "Trying to create tensor with negative dimension -1: [2, -1]"),
-    (((1,) * 65,), ValueError, "at most 64 dimensions are supported; got 65"),
-])
+@pytest.mark.parametrize(
+    ("args", "exc", "text"),
+    [
+        ((2.0,), TypeError, "zeros(): size must be a sequence of ints; got 2.0 (float)"),
+        ((2, "3"), TypeError, "zeros(): each size must be an int; got '3' (str)"),
+        ((True,), TypeError, "zeros(): each size must be an int; got True (bool)"),
+        ((2, -1), ValueError, "Trying to create tensor with negative dimension -1: [2, -1]"),
+        (((1,) * 65,), ValueError, "at most 64 dimensions are supported; got 65"),
+    ],
+)
 def test_as_shape_errors(args, exc, text):
     """Bad sizes name the function and the value; negative sizes keep PyTorch's text."""
     with pytest.raises(exc) as info:
@@ -87,7 +98,9 @@ def test_is_contiguous_means_row_major_compact(layout):
 def test_is_contiguous_matches_numpy_flags(np, layout):
     """is_contiguous agrees with NumPy's C_CONTIGUOUS flag (size-1 dims may have any stride)."""
     base = np.zeros(layout.size, dtype=np.int32)
-    view = np.lib.stride_tricks.as_strided(base[layout.offset:], layout.shape, [4 * s for s in layout.strides])
+    view = np.lib.stride_tricks.as_strided(
+        base[layout.offset :], layout.shape, [4 * s for s in layout.strides]
+    )
     assert _layout.is_contiguous(layout.shape, layout.strides) == view.flags.c_contiguous
 
 
@@ -106,20 +119,39 @@ def test_extent_uses_python_ints():
 
 
 # ----------------------------------------------------------------------------- dims
-@pytest.mark.parametrize(("dim", "ndim", "want"), [(0, 3, 0), (-1, 3, 2), (2, 3, 2), (-3, 3, 0), (0, 0, 0),
-                                                   (-1, 0, 0)])
+@pytest.mark.parametrize(
+    ("dim", "ndim", "want"), [(0, 3, 0), (-1, 3, 2), (2, 3, 2), (-3, 3, 0), (0, 0, 0), (-1, 0, 0)]
+)
 def test_normalize_dim_wraps(dim, ndim, want):
     """Negative dims count from the end; a 0-d tensor accepts 0 and -1 (PyTorch's rule)."""
     assert _layout.normalize_dim(dim, ndim, "f") == want
 
 
-@pytest.mark.parametrize(("dim", "ndim", "exc", "text"), [
-    (3, 3, IndexError, "f(): Dimension out of range (expected to be in range of [-3, 2], but got 3)"),
-    (-4, 3, IndexError, "Dimension out of range (expected to be in range of [-3, 2], but got -4)"),
-    (1, 0, IndexError, "Dimension out of range (expected to be in range of [-1, 0], but got 1)"),
-    (1.0, 3, TypeError, "f(): dim must be an int; got 1.0 (float)"),
-    (True, 3, TypeError, "dim must be an int; got True"),
-])
+@pytest.mark.parametrize(
+    ("dim", "ndim", "exc", "text"),
+    [
+        (
+            3,
+            3,
+            IndexError,
+            "f(): Dimension out of range (expected to be in range of [-3, 2], but got 3)",
+        ),
+        (
+            -4,
+            3,
+            IndexError,
+            "Dimension out of range (expected to be in range of [-3, 2], but got -4)",
+        ),
+        (
+            1,
+            0,
+            IndexError,
+            "Dimension out of range (expected to be in range of [-1, 0], but got 1)",
+        ),
+        (1.0, 3, TypeError, "f(): dim must be an int; got 1.0 (float)"),
+        (True, 3, TypeError, "dim must be an int; got True"),
+    ],
+)
 def test_normalize_dim_errors(dim, ndim, exc, text):
     """Out-of-range dims are IndexError with PyTorch's text; non-ints are TypeError."""
     with pytest.raises(exc) as info:
@@ -129,7 +161,9 @@ def test_normalize_dim_errors(dim, ndim, exc, text):
 
 def test_normalize_dim_without_scalar_wrap():
     """Operations that need a real dimension refuse 0-d tensors with PyTorch's text."""
-    with pytest.raises(IndexError, match="f\\(\\): Dimension specified as 0 but tensor has no dimensions"):
+    with pytest.raises(
+        IndexError, match="f\\(\\): Dimension specified as 0 but tensor has no dimensions"
+    ):
         _layout.normalize_dim(0, 0, "f", scalar_ok=False)
 
 
@@ -143,15 +177,22 @@ def test_infer_shape_resolves_minus_one(shape, data):
     assert all(t in (-1, r) for t, r in zip(target, result, strict=True))
 
 
-@pytest.mark.parametrize(("numel", "shape", "text"), [
-    (6, (2, 5), "view(): shape '[2, 5]' is invalid for input of size 6"),
-    (6, (4, -1), "shape '[4, -1]' is invalid for input of size 6"),
-    (6, (0, -1), "shape '[0, -1]' is invalid for input of size 6"),
-    (6, (-1, -1), "only one dimension can be inferred"),
-    (6, (-2, 3), "invalid shape dimension -2 at index 0 of shape [-2, 3]"),
-    (0, (-1, 0), "cannot reshape tensor of 0 elements into shape [-1, 0] because the unspecified "
-                 "dimension size -1 can be any value and is ambiguous"),
-])
+@pytest.mark.parametrize(
+    ("numel", "shape", "text"),
+    [
+        (6, (2, 5), "view(): shape '[2, 5]' is invalid for input of size 6"),
+        (6, (4, -1), "shape '[4, -1]' is invalid for input of size 6"),
+        (6, (0, -1), "shape '[0, -1]' is invalid for input of size 6"),
+        (6, (-1, -1), "only one dimension can be inferred"),
+        (6, (-2, 3), "invalid shape dimension -2 at index 0 of shape [-2, 3]"),
+        (
+            0,
+            (-1, 0),
+            "cannot reshape tensor of 0 elements into shape [-1, 0] because the unspecified "
+            "dimension size -1 can be any value and is ambiguous",
+        ),
+    ],
+)
 def test_infer_shape_errors(numel, shape, text):
     """Impossible shapes are ValueError carrying PyTorch's text."""
     with pytest.raises(ValueError) as info:
@@ -177,7 +218,9 @@ def test_infer_shape_fails_where_torch_fails(torch, numel, shape):
 @given(layout=S.layouts(), data=st.data())
 def test_view_strides_keep_the_element_order(layout, data):
     """When view_strides succeeds, the new layout lists the same elements in the same order."""
-    target = _layout.infer_shape(math.prod(layout.shape), data.draw(S.reshape_targets(layout.shape)), "view")
+    target = _layout.infer_shape(
+        math.prod(layout.shape), data.draw(S.reshape_targets(layout.shape)), "view"
+    )
     strides = _layout.view_strides(layout.shape, layout.strides, target)
     if strides is not None:
         assert S.element_offsets(layout.offset, target, strides) == layout.offsets()
@@ -194,7 +237,9 @@ def test_view_strides_always_exist_for_contiguous_layouts(layout, data):
 @given(layout=S.layouts(min_stride=0), data=st.data())
 def test_view_strides_match_torch(torch, layout, data):
     """view_strides succeeds exactly when torch.view does, with torch's strides."""
-    target = _layout.infer_shape(math.prod(layout.shape), data.draw(S.reshape_targets(layout.shape)), "view")
+    target = _layout.infer_shape(
+        math.prod(layout.shape), data.draw(S.reshape_targets(layout.shape)), "view"
+    )
     x = torch.zeros(layout.size).as_strided(layout.shape, layout.strides, layout.offset)
     ours = _layout.view_strides(layout.shape, layout.strides, target)
     try:
@@ -232,14 +277,29 @@ def test_expand_strides_repeat_size_one_dims(layout, data):
             assert stride == layout.strides[i - lead]
 
 
-@pytest.mark.parametrize(("shape", "target", "text"), [
-    ((2, 3), (2, 4), "The expanded size of the tensor (4) must match the existing size (3) at non-singleton "
-                     "dimension 1.  Target sizes: [2, 4].  Tensor sizes: [2, 3]"),
-    ((2, 3), (3,), "the number of sizes provided (1) must be greater or equal to the number of dimensions "
-                   "in the tensor (2)"),
-    ((3,), (-1, 3), "The expanded size of the tensor (-1) isn't allowed in a leading, non-existing "
-                    "dimension 0"),
-])
+@pytest.mark.parametrize(
+    ("shape", "target", "text"),
+    [
+        (
+            (2, 3),
+            (2, 4),
+            "The expanded size of the tensor (4) must match the existing size (3) at non-singleton "
+            "dimension 1.  Target sizes: [2, 4].  Tensor sizes: [2, 3]",
+        ),
+        (
+            (2, 3),
+            (3,),
+            "the number of sizes provided (1) must be greater or equal to the number of dimensions "
+            "in the tensor (2)",
+        ),
+        (
+            (3,),
+            (-1, 3),
+            "The expanded size of the tensor (-1) isn't allowed in a leading, non-existing "
+            "dimension 0",
+        ),
+    ],
+)
 def test_expand_strides_errors(shape, target, text):
     """expand mismatches are ValueError with PyTorch's text."""
     with pytest.raises(ValueError) as info:
@@ -250,7 +310,7 @@ def test_expand_strides_errors(shape, target, text):
 @given(layout=S.layouts(), other=st.lists(st.integers(-4, 4), max_size=4))
 def test_coalesce_keeps_every_element_pair(layout, other):
     """coalesce merges dims without changing which elements pair up in two layouts."""
-    strides2 = tuple((other + [1] * 4)[:len(layout.shape)])
+    strides2 = tuple((other + [1] * 4)[: len(layout.shape)])
     shape, (s1, s2) = _layout.coalesce(layout.shape, layout.strides, strides2)
     assert math.prod(shape) == math.prod(layout.shape)
     assert S.element_offsets(0, shape, s1) == S.element_offsets(0, layout.shape, layout.strides)

@@ -73,8 +73,9 @@ def test_layout_matrix_round_trip(layout, protocol):
         assert u.stride() == t.stride()
 
 
-@pytest.mark.parametrize("dtype", sorted(set(ALL_DTYPES), key=lambda d: d.name),
-                         ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "dtype", sorted(set(ALL_DTYPES), key=lambda d: d.name), ids=lambda d: d.name
+)
 def test_every_dtype(dtype):
     """Every dtype round-trips its exact bytes."""
     t = tb.frombuffer(bytearray(range(16 * dtype.itemsize)), dtype=dtype)

@@ -177,5 +177,7 @@ def test_round_trip_through_numpy():
 def test_docstring_example():
     """The documented example prints as documented."""
     buf = (ctypes.c_int32 * 4)(1, 2, 3, 4)
-    t = tb.from_pointer(ctypes.addressof(buf), (2, 2), "int32", owner=buf, nbytes=ctypes.sizeof(buf))
+    t = tb.from_pointer(
+        ctypes.addressof(buf), (2, 2), "int32", owner=buf, nbytes=ctypes.sizeof(buf)
+    )
     assert repr(t) == "tensor([[1, 2],\n        [3, 4]], dtype=tensorbridge.int32)"

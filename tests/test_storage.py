@@ -44,17 +44,28 @@ def test_allocate_is_zeroed_and_aligned(nbytes):
 
 def test_new_tensors_are_aligned():
     """Every creation function returns 64-byte aligned memory (what JAX needs to import without copying)."""
-    for t in (tb.zeros(3), tb.ones(5, dtype=tb.int8), tb.arange(7), tb.tensor([1.5]), tb.arange(9)[1:].clone(),
-              tb.full((3,), 2)):
+    for t in (
+        tb.zeros(3),
+        tb.ones(5, dtype=tb.int8),
+        tb.arange(7),
+        tb.tensor([1.5]),
+        tb.arange(9)[1:].clone(),
+        tb.full((3,), 2),
+    ):
         assert t.data_ptr() % 64 == 0
 
 
 def test_allocate_refuses_device_memory_and_impossible_sizes():
     """Device memory and sizes past the address space are clear errors."""
-    with pytest.raises(BufferError, match=r"allocate\(\): tensorbridge allocates host memory only; cannot allocate"
-                                          r" on cuda:0"):
+    with pytest.raises(
+        BufferError,
+        match=r"allocate\(\): tensorbridge allocates host memory only; cannot allocate"
+        r" on cuda:0",
+    ):
         allocate(8, tb.device("cuda:0"))
-    with pytest.raises(MemoryError, match=r"allocate\(\): cannot allocate \d+ bytes of host memory"):
+    with pytest.raises(
+        MemoryError, match=r"allocate\(\): cannot allocate \d+ bytes of host memory"
+    ):
         allocate(sys.maxsize)
 
 
@@ -77,8 +88,16 @@ def test_views_share_one_storage_released_once():
     block = (ctypes.c_char * 32)()
     storage = Storage(ctypes.addressof(block), 32, CPU, False, _CountingOwner("a"))
     base = Tensor._new(storage, 0, (8,), (1,), tb.int32)
-    views = [base[1:], base.view(2, 4), base.view(2, 4).T, base.expand(3, 8), base[::-2], base.unbind(0)[3],
-             base.detach(), base.as_strided((2,), (3,), 1)]
+    views = [
+        base[1:],
+        base.view(2, 4),
+        base.view(2, 4).T,
+        base.expand(3, 8),
+        base[::-2],
+        base.unbind(0)[3],
+        base.detach(),
+        base.as_strided((2,), (3,), 1),
+    ]
     assert all(v._storage is storage for v in views)
     ref = weakref.ref(storage)
     del storage, base
@@ -96,8 +115,13 @@ def test_copies_do_not_keep_the_source_alive():
     """clone(), contiguous() of a strided view and to(dtype) own new memory."""
     _CountingOwner.released.clear()
     block = (ctypes.c_char * 16)()
-    base = Tensor._new(Storage(ctypes.addressof(block), 16, CPU, False, _CountingOwner("b")), 0, (4,), (1,),
-                       tb.int32)
+    base = Tensor._new(
+        Storage(ctypes.addressof(block), 16, CPU, False, _CountingOwner("b")),
+        0,
+        (4,),
+        (1,),
+        tb.int32,
+    )
     copies = [base.clone(), base[::2].contiguous(), base.to(tb.float64), base[[0, 1]]]
     assert all(c._storage is not base._storage for c in copies)
     del base
@@ -112,11 +136,15 @@ def test_tensor_new_checks_bounds():
     assert Tensor._new(storage, 3, (4,), (-1,), tb.int32).tolist() == [0, 0, 0, 0]
     with pytest.raises(ValueError, match=r"f\(\): sizes \[4\], strides \[-1\], storage offset 2"):
         Tensor._new(storage, 2, (4,), (-1,), tb.int32, "f")
-    with pytest.raises(ValueError, match="requiring a storage size of 20 are out of bounds for storage of size 16"):
+    with pytest.raises(
+        ValueError, match="requiring a storage size of 20 are out of bounds for storage of size 16"
+    ):
         Tensor._new(storage, 1, (4,), (1,), tb.int32)
     with pytest.raises(ValueError, match="invalid storage offset -1"):
         Tensor._new(storage, -1, (0,), (1,), tb.int32)
-    assert Tensor._new(storage, 4, (0, 5), (9, 9), tb.int32).numel() == 0  # empty: only the offset matters
+    assert (
+        Tensor._new(storage, 4, (0, 5), (9, 9), tb.int32).numel() == 0
+    )  # empty: only the offset matters
 
 
 def test_hold_buffer_keeps_the_export_until_the_owner_dies():
@@ -218,6 +246,8 @@ def test_storage_repr_names_the_owner():
     """repr(storage) shows the range, device, flags and the owner's type."""
     storage = allocate(8)
     text = repr(storage)
-    assert text.startswith(f"<Storage ptr=0x{storage.ptr:x} nbytes=8 device=cpu readonly=False owner=")
+    assert text.startswith(
+        f"<Storage ptr=0x{storage.ptr:x} nbytes=8 device=cpu readonly=False owner="
+    )
     assert text.endswith("_Allocation>")
     assert _storage.__all__ == ["ALIGNMENT", "Storage", "allocate"]

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests import strategies as S
 
 import tensorbridge as tb
 from tensorbridge import _capi, _codec, _layout, _storage
 from tensorbridge._device import CPU
 from tensorbridge._storage import Storage
 from tensorbridge._tensor import Tensor
-from tests import strategies as S
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +49,11 @@ def np_pair(np: Any, layout: S.Layout, dtype: tb.dtype = tb.int64) -> tuple[Any,
     """(values, view, offsets): NumPy's view of the layout, and the storage index of each element."""
     base = np.array(S.storage_values(dtype, layout.size), dtype=np.dtype(dtype.typestr))
     strides = [s * base.itemsize for s in layout.strides]
-    view = np.lib.stride_tricks.as_strided(base[layout.offset:], layout.shape, strides)
+    view = np.lib.stride_tricks.as_strided(base[layout.offset :], layout.shape, strides)
     index = np.arange(layout.size, dtype=np.int64)
-    offsets = np.lib.stride_tricks.as_strided(index[layout.offset:], layout.shape, [s * 8 for s in layout.strides])
+    offsets = np.lib.stride_tricks.as_strided(
+        index[layout.offset :], layout.shape, [s * 8 for s in layout.strides]
+    )
     return base, view, offsets
 
 
@@ -62,7 +64,9 @@ _TORCH_LAYOUTS = {  # the conftest layout matrix, built the same way in PyTorch 
     "sliced": lambda torch: torch.arange(24, dtype=torch.int32).reshape(4, 6)[1:3, ::2],
     "zero_d": lambda torch: torch.arange(24, dtype=torch.int32)[5],
     "empty": lambda torch: torch.arange(24, dtype=torch.int32).reshape(4, 6)[:, 6:],
-    "size1_odd_stride": lambda torch: torch.arange(24, dtype=torch.int32).as_strided((3, 1), (2, 7)),
+    "size1_odd_stride": lambda torch: torch.arange(24, dtype=torch.int32).as_strided(
+        (3, 1), (2, 7)
+    ),
     "broadcast": lambda torch: torch.arange(4, dtype=torch.int32).reshape(1, 4).expand(3, 4),
     "offset": lambda torch: torch.arange(24, dtype=torch.int32)[7:],
 }
@@ -111,7 +115,9 @@ def test_dim_arguments_of_zero_d_tensors(torch):
     """size(d), stride(d) and unbind on a 0-d tensor raise PyTorch's IndexError."""
     t = tb.tensor(5)
     for fn in (lambda: t.size(0), lambda: t.stride(-1), lambda: t.unbind(0)):
-        with pytest.raises(IndexError, match="Dimension specified as (0|-1) but tensor has no dimensions"):
+        with pytest.raises(
+            IndexError, match="Dimension specified as (0|-1) but tensor has no dimensions"
+        ):
             fn()
     with pytest.raises(IndexError) as torch_info:
         torch.tensor(5).size(0)
@@ -161,9 +167,11 @@ def test_requires_grad_refused_for_integers_with_torch_text(torch):
             fn()
         assert want[name] in str(info.value), name
         assert "tensorbridge.int64" in str(info.value)
-    for creator in (lambda: tb.zeros(2, dtype=tb.bool, requires_grad=True),
-                    lambda: tb.arange(3, requires_grad=True),
-                    lambda: tb.full((2,), 1, requires_grad=True)):
+    for creator in (
+        lambda: tb.zeros(2, dtype=tb.bool, requires_grad=True),
+        lambda: tb.arange(3, requires_grad=True),
+        lambda: tb.full((2,), 1, requires_grad=True),
+    ):
         with pytest.raises(RuntimeError, match="Only Tensors of floating point and complex dtype"):
             creator()
 
@@ -187,7 +195,9 @@ def test_readonly_tensor_refuses_every_write():
         "copy_": lambda: t.copy_(tb.zeros(4, dtype=tb.int32)),
     }
     for api, write in writes.items():
-        with pytest.raises(ValueError, match=rf"{api}\(\): cannot write to a read-only tensor") as info:
+        with pytest.raises(
+            ValueError, match=rf"{api}\(\): cannot write to a read-only tensor"
+        ) as info:
             write()
         assert "clone()" in str(info.value)
     with pytest.raises(ValueError, match="read-only"):
@@ -218,8 +228,20 @@ def test_readonly_buffer_is_released_with_the_last_view():
 def view_ops(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[str, Any, Any]:
     """(description, tensorbridge op, NumPy op) for a random view operation valid on ``shape``."""
     ndim = len(shape)
-    names = ["transpose", "permute", "T", "unsqueeze", "squeeze", "expand", "flatten", "unbind", "view",
-             "reshape", "detach", "as_strided"]
+    names = [
+        "transpose",
+        "permute",
+        "T",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "flatten",
+        "unbind",
+        "view",
+        "reshape",
+        "detach",
+        "as_strided",
+    ]
     if ndim >= 2:
         names.append("mT")
     if ndim >= 1:
@@ -228,7 +250,11 @@ def view_ops(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[str, Any, Any]:
     dim = st.integers(-max(ndim, 1), max(ndim, 1) - 1)
     if name == "transpose":
         a, b = draw(dim), draw(dim)
-        return f"transpose({a}, {b})", lambda t: t.transpose(a, b), lambda x: x.swapaxes(a, b) if ndim else x
+        return (
+            f"transpose({a}, {b})",
+            lambda t: t.transpose(a, b),
+            lambda x: x.swapaxes(a, b) if ndim else x,
+        )
     if name == "permute":
         order = draw(st.permutations(range(ndim)))
         order = [d - ndim if draw(st.booleans()) else d for d in order]
@@ -239,13 +265,21 @@ def view_ops(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[str, Any, Any]:
         return "mT", lambda t: t.mT, lambda x: x.swapaxes(-2, -1)
     if name == "unsqueeze":
         d = draw(st.integers(-ndim - 1, ndim))
-        return f"unsqueeze({d})", lambda t: t.unsqueeze(d), lambda x: x.reshape(
-            _unsqueezed(x.shape, d)) if x.size == 0 else x[_unsqueeze_key(ndim, d)]
+        return (
+            f"unsqueeze({d})",
+            lambda t: t.unsqueeze(d),
+            lambda x: (
+                x.reshape(_unsqueezed(x.shape, d)) if x.size == 0 else x[_unsqueeze_key(ndim, d)]
+            ),
+        )
     if name == "squeeze":
         dims = draw(st.none() | dim | st.lists(dim, max_size=ndim).map(tuple))
         keep = _squeeze_keep(shape, dims)
-        return f"squeeze({dims})", lambda t: t.squeeze(dims), lambda x: x[
-            tuple(slice(None) if k else 0 for k in keep)]
+        return (
+            f"squeeze({dims})",
+            lambda t: t.squeeze(dims),
+            lambda x: x[tuple(slice(None) if k else 0 for k in keep)],
+        )
     if name == "expand":
         target = draw(S.expand_targets(shape))
         return f"expand({target})", lambda t: t.expand(*target), lambda x: _np_expand(x, target)
@@ -254,7 +288,7 @@ def view_ops(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[str, Any, Any]:
             return "flatten()", lambda t: t.flatten(), lambda x: x.reshape(1)
         a = draw(st.integers(0, ndim - 1))
         b = draw(st.integers(a, ndim - 1))
-        new = (*shape[:a], math.prod(shape[a:b + 1]), *shape[b + 1:])
+        new = (*shape[:a], math.prod(shape[a : b + 1]), *shape[b + 1 :])
         return f"flatten({a}, {b})", lambda t: t.flatten(a, b - ndim), lambda x: x.reshape(new)
     if name == "unbind" and any(shape):
         d = draw(st.sampled_from([k for k in range(ndim) if shape[k]]))
@@ -273,10 +307,17 @@ def view_ops(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[str, Any, Any]:
         pos = start + shape[d] if start < 0 else start
         length = draw(st.integers(0, shape[d] - pos))
         key = (slice(None),) * d + (slice(pos, pos + length),)
-        return f"narrow({d}, {start}, {length})", lambda t: t.narrow(d, start, length), lambda x: x[key]
+        return (
+            f"narrow({d}, {start}, {length})",
+            lambda t: t.narrow(d, start, length),
+            lambda x: x[key],
+        )
     if name == "as_strided":
-        return "as_strided (same layout)", lambda t: t.as_strided(t.shape, t.stride(), t.storage_offset()), \
-            lambda x: x
+        return (
+            "as_strided (same layout)",
+            lambda t: t.as_strided(t.shape, t.stride(), t.storage_offset()),
+            lambda x: x,
+        )
     return "detach", lambda t: t.detach(), lambda x: x
 
 
@@ -345,7 +386,9 @@ def test_reshape_copies_only_when_a_view_is_impossible(layout, data):
     assert (r._storage is t._storage) == viewable
     if not viewable:
         assert r.is_contiguous()
-        with pytest.raises(RuntimeError, match="view size is not compatible with input tensor's size and stride"):
+        with pytest.raises(
+            RuntimeError, match="view size is not compatible with input tensor's size and stride"
+        ):
             t.view(target)
 
 
@@ -364,7 +407,11 @@ def test_tolist_matches_numpy_and_the_list_model(np, layout):
 def test_tolist_matches_the_list_model(layout):
     """tolist() of any non-empty layout equals the pure-Python model (no peer needed)."""
     if math.prod(layout.shape) == 0:
-        assert S.strided_tensor(layout).tolist() == S.nest_any([], layout.shape) if layout.shape else True
+        assert (
+            S.strided_tensor(layout).tolist() == S.nest_any([], layout.shape)
+            if layout.shape
+            else True
+        )
         return
     values = S.storage_values(tb.int64, layout.size)
     assert S.strided_tensor(layout).tolist() == S.reference_tolist(values, layout)
@@ -398,7 +445,9 @@ def test_copy_matches_numpy(np, dst_layout, dst_dtype, data):
     base_np, dst_np, offsets = np_pair(np, dst_layout, dst_dtype)
     base = tb.tensor(base_np.tolist(), dtype=dst_dtype)
     dst = base.as_strided(dst_layout.shape, dst_layout.strides, dst_layout.offset)
-    if offsets.size > 1 and any(n > 1 and s == 0 for n, s in zip(dst_layout.shape, dst_layout.strides)):
+    if offsets.size > 1 and any(
+        n > 1 and s == 0 for n, s in zip(dst_layout.shape, dst_layout.strides)
+    ):
         with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
             dst.copy_(tb.zeros(dst_layout.shape, dtype=dst_dtype))
         return
@@ -410,7 +459,10 @@ def test_copy_matches_numpy(np, dst_layout, dst_dtype, data):
         src_dtype = dst_dtype
         src_layout = data.draw(S.layouts(shape=st.just(src_shape), size=dst_layout.size))
         src_np = np.lib.stride_tricks.as_strided(
-            base_np[src_layout.offset:], src_shape, [s * base_np.itemsize for s in src_layout.strides]).copy()
+            base_np[src_layout.offset :],
+            src_shape,
+            [s * base_np.itemsize for s in src_layout.strides],
+        ).copy()
         src = base.as_strided(src_shape, src_layout.strides, src_layout.offset)
     else:
         src_dtype = data.draw(S.dtypes().filter(lambda d: _castable(d, dst_dtype)))
@@ -440,19 +492,28 @@ def test_to_dtype_matches_numpy(np, layout, src, dst):
 
 
 # bfloat16 and the float8 types: NumPy has them through ml_dtypes (packed FP4 pairs excepted).
-_EXTENDED_FLOATS = [d for d in S.CODEC_DTYPES if d.typestr is None and d.kind == "f" and d.dlpack[2] == 1]
+_EXTENDED_FLOATS = [
+    d for d in S.CODEC_DTYPES if d.typestr is None and d.kind == "f" and d.dlpack[2] == 1
+]
 
 
-@given(layout=S.layouts(), dtype=st.sampled_from(_EXTENDED_FLOATS), wide=st.sampled_from([tb.float32, tb.float64]))
+@given(
+    layout=S.layouts(),
+    dtype=st.sampled_from(_EXTENDED_FLOATS),
+    wide=st.sampled_from([tb.float32, tb.float64]),
+)
 def test_extended_floats_match_ml_dtypes(np, layout, dtype, wide):
     """Strided reads and casts of bfloat16/float8 tensors equal ml_dtypes' for the same layout."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     ml = np.dtype(getattr(ml_dtypes, dtype.name))
     values = S.storage_values(dtype, layout.size)
     base_np = np.array(values, dtype=np.float64).astype(ml)
-    bits = base_np.view(f"u{ml.itemsize}")  # as_strided cannot spell ml_dtypes' typestrs; their bits it can
+    bits = base_np.view(
+        f"u{ml.itemsize}"
+    )  # as_strided cannot spell ml_dtypes' typestrs; their bits it can
     view_np = np.lib.stride_tricks.as_strided(
-        bits[layout.offset:], layout.shape, [s * ml.itemsize for s in layout.strides]).view(ml)
+        bits[layout.offset :], layout.shape, [s * ml.itemsize for s in layout.strides]
+    ).view(ml)
     t = S.strided_tensor(layout, dtype)
     assert t.tolist() == view_np.astype(np.float64).tolist()
     assert t.to(wide).tolist() == view_np.astype(np.dtype(wide.typestr)).tolist()
@@ -511,7 +572,9 @@ def test_fill_and_zero_set_every_element(layout, dtype):
     assert target.fill_(value) is target
     assert base.tolist() == [value if i in touched else v for i, v in enumerate(before)]
     assert t.zero_() is t
-    zero = tb.zeros(1, dtype=dtype).item()  # all-zero bytes (2**-127 for float8_e8m0fnu, as PyTorch)
+    zero = tb.zeros(
+        1, dtype=dtype
+    ).item()  # all-zero bytes (2**-127 for float8_e8m0fnu, as PyTorch)
     assert base.tolist() == [zero if i in touched else v for i, v in enumerate(before)]
 
 
@@ -531,18 +594,31 @@ def test_fill_takes_a_zero_d_tensor():
     t = tb.zeros(3)
     t.fill_(tb.tensor(2.5))
     assert t.tolist() == [2.5, 2.5, 2.5]
-    with pytest.raises(RuntimeError, match="fill_ only supports 0-dimension value tensor but got tensor with 1 "
-                                           "dimensions."):
+    with pytest.raises(
+        RuntimeError,
+        match="fill_ only supports 0-dimension value tensor but got tensor with 1 dimensions.",
+    ):
         t.fill_(tb.tensor([1.0]))
 
 
-@pytest.mark.parametrize(("dst", "src", "text"), [
-    ((2, 3), (4,), "The size of tensor a (3) must match the size of tensor b (4) at non-singleton dimension 1"),
-    ((2, 3, 4), (5, 1, 4), "The size of tensor a (2) must match the size of tensor b (5) at non-singleton "
-                           "dimension 0"),
-    ((3,), (2, 3), "output with shape [3] doesn't match the broadcast shape [2, 3]"),
-    ((1, 3), (2, 3), "output with shape [1, 3] doesn't match the broadcast shape [2, 3]"),
-])
+@pytest.mark.parametrize(
+    ("dst", "src", "text"),
+    [
+        (
+            (2, 3),
+            (4,),
+            "The size of tensor a (3) must match the size of tensor b (4) at non-singleton dimension 1",
+        ),
+        (
+            (2, 3, 4),
+            (5, 1, 4),
+            "The size of tensor a (2) must match the size of tensor b (5) at non-singleton "
+            "dimension 0",
+        ),
+        ((3,), (2, 3), "output with shape [3] doesn't match the broadcast shape [2, 3]"),
+        ((1, 3), (2, 3), "output with shape [1, 3] doesn't match the broadcast shape [2, 3]"),
+    ],
+)
 def test_copy_shape_errors_carry_torch_text(torch, dst, src, text):
     """copy_ refuses what PyTorch refuses, with PyTorch's message (ValueError: a bad shape)."""
     with pytest.raises(RuntimeError) as torch_info:
@@ -573,17 +649,48 @@ def test_item_and_python_scalars():
     assert tb.tensor(True).item() is True
 
 
-@pytest.mark.parametrize(("fn", "exc", "text"), [
-    (lambda: tb.zeros(2).item(), RuntimeError, "a Tensor with 2 elements cannot be converted to Scalar"),
-    (lambda: tb.zeros(0).item(), RuntimeError, "a Tensor with 0 elements cannot be converted to Scalar"),
-    (lambda: bool(tb.zeros(2)), RuntimeError, "Boolean value of Tensor with more than one value is ambiguous"),
-    (lambda: bool(tb.zeros(0)), RuntimeError, "Boolean value of Tensor with no values is ambiguous"),
-    (lambda: int(tb.zeros(2)), ValueError, "only one element tensors can be converted to Python scalars"),
-    (lambda: float(tb.zeros(2)), ValueError, "only one element tensors can be converted to Python scalars"),
-    (lambda: [0][tb.tensor(0.0)], TypeError, "only integer tensors of a single element can be converted"),
-    (lambda: len(tb.tensor(1)), TypeError, "len() of a 0-d tensor"),
-    (lambda: iter(tb.tensor(1)), TypeError, "iteration over a 0-d tensor"),
-])
+@pytest.mark.parametrize(
+    ("fn", "exc", "text"),
+    [
+        (
+            lambda: tb.zeros(2).item(),
+            RuntimeError,
+            "a Tensor with 2 elements cannot be converted to Scalar",
+        ),
+        (
+            lambda: tb.zeros(0).item(),
+            RuntimeError,
+            "a Tensor with 0 elements cannot be converted to Scalar",
+        ),
+        (
+            lambda: bool(tb.zeros(2)),
+            RuntimeError,
+            "Boolean value of Tensor with more than one value is ambiguous",
+        ),
+        (
+            lambda: bool(tb.zeros(0)),
+            RuntimeError,
+            "Boolean value of Tensor with no values is ambiguous",
+        ),
+        (
+            lambda: int(tb.zeros(2)),
+            ValueError,
+            "only one element tensors can be converted to Python scalars",
+        ),
+        (
+            lambda: float(tb.zeros(2)),
+            ValueError,
+            "only one element tensors can be converted to Python scalars",
+        ),
+        (
+            lambda: [0][tb.tensor(0.0)],
+            TypeError,
+            "only integer tensors of a single element can be converted",
+        ),
+        (lambda: len(tb.tensor(1)), TypeError, "len() of a 0-d tensor"),
+        (lambda: iter(tb.tensor(1)), TypeError, "iteration over a 0-d tensor"),
+    ],
+)
 def test_scalar_conversion_errors_match_torch(torch, fn, exc, text):
     """Scalar conversions fail as PyTorch's do, with its type and text."""
     with pytest.raises(exc) as info:
@@ -618,29 +725,32 @@ def test_equal_compares_shape_and_values():
 
 
 # ----------------------------------------------------------------------------- view errors
-@pytest.mark.parametrize(("name", "fn", "exc"), [
-    ("view", lambda L: L.arange(6).view(2, 5), ValueError),
-    ("reshape", lambda L: L.arange(6).reshape(4, -1), ValueError),
-    ("view incompatible", lambda L: L.arange(6).reshape(2, 3).t().view(6), RuntimeError),
-    ("transpose", lambda L: L.zeros(2, 3).transpose(0, 3), IndexError),
-    ("expand", lambda L: L.zeros(2, 3).expand(2, 4), ValueError),
-    ("expand fewer", lambda L: L.zeros(2, 3).expand(3), ValueError),
-    ("narrow start", lambda L: L.arange(6).narrow(0, 7, 1), IndexError),
-    ("narrow length", lambda L: L.arange(6).narrow(0, 4, 3), ValueError),
-    ("narrow negative", lambda L: L.arange(6).narrow(0, 1, -1), ValueError),
-    ("narrow 0-d", lambda L: L.tensor(1).narrow(0, 0, 1), RuntimeError),
-    ("t 3-d", lambda L: L.zeros(2, 2, 2).t(), RuntimeError),
-    ("mT 1-d", lambda L: L.zeros(2).mT, RuntimeError),
-    ("permute duplicate", lambda L: L.zeros(2, 3).permute(0, 0), ValueError),
-    ("permute length", lambda L: L.zeros(2, 3).permute(0), ValueError),
-    ("flatten order", lambda L: L.zeros(2, 3, 4).flatten(2, 1), ValueError),
-    ("squeeze dim", lambda L: L.zeros(2, 3).squeeze(3), IndexError),
-    ("unsqueeze dim", lambda L: L.zeros(2, 3).unsqueeze(4), IndexError),
-    ("as_strided bounds", lambda L: L.zeros(4).as_strided((3,), (2,)), ValueError),
-    ("as_strided lengths", lambda L: L.zeros(4).as_strided((3,), (1, 1)), ValueError),
-    ("as_strided offset", lambda L: L.zeros(4).as_strided((1,), (1,), -1), ValueError),
-    ("unbind 0-d", lambda L: L.tensor(1).unbind(0), IndexError),
-])
+@pytest.mark.parametrize(
+    ("name", "fn", "exc"),
+    [
+        ("view", lambda L: L.arange(6).view(2, 5), ValueError),
+        ("reshape", lambda L: L.arange(6).reshape(4, -1), ValueError),
+        ("view incompatible", lambda L: L.arange(6).reshape(2, 3).t().view(6), RuntimeError),
+        ("transpose", lambda L: L.zeros(2, 3).transpose(0, 3), IndexError),
+        ("expand", lambda L: L.zeros(2, 3).expand(2, 4), ValueError),
+        ("expand fewer", lambda L: L.zeros(2, 3).expand(3), ValueError),
+        ("narrow start", lambda L: L.arange(6).narrow(0, 7, 1), IndexError),
+        ("narrow length", lambda L: L.arange(6).narrow(0, 4, 3), ValueError),
+        ("narrow negative", lambda L: L.arange(6).narrow(0, 1, -1), ValueError),
+        ("narrow 0-d", lambda L: L.tensor(1).narrow(0, 0, 1), RuntimeError),
+        ("t 3-d", lambda L: L.zeros(2, 2, 2).t(), RuntimeError),
+        ("mT 1-d", lambda L: L.zeros(2).mT, RuntimeError),
+        ("permute duplicate", lambda L: L.zeros(2, 3).permute(0, 0), ValueError),
+        ("permute length", lambda L: L.zeros(2, 3).permute(0), ValueError),
+        ("flatten order", lambda L: L.zeros(2, 3, 4).flatten(2, 1), ValueError),
+        ("squeeze dim", lambda L: L.zeros(2, 3).squeeze(3), IndexError),
+        ("unsqueeze dim", lambda L: L.zeros(2, 3).unsqueeze(4), IndexError),
+        ("as_strided bounds", lambda L: L.zeros(4).as_strided((3,), (2,)), ValueError),
+        ("as_strided lengths", lambda L: L.zeros(4).as_strided((3,), (1, 1)), ValueError),
+        ("as_strided offset", lambda L: L.zeros(4).as_strided((1,), (1,), -1), ValueError),
+        ("unbind 0-d", lambda L: L.tensor(1).unbind(0), IndexError),
+    ],
+)
 def test_view_errors_carry_torch_text(torch, name, fn, exc):
     """Each view error has the design's type and contains PyTorch's message for the same call."""
     try:
@@ -661,7 +771,10 @@ def test_as_strided_is_bounds_checked_but_allows_negative_strides():
     base = tb.arange(6)
     assert base.as_strided((3,), (-2,), 4).tolist() == [4, 2, 0]
     assert base[2:].as_strided((2, 2), (0, 1)).tolist() == [[2, 3], [2, 3]]
-    assert base[2:].as_strided((2,), (1,), 0).tolist() == [0, 1]  # offsets count from the storage start
+    assert base[2:].as_strided((2,), (1,), 0).tolist() == [
+        0,
+        1,
+    ]  # offsets count from the storage start
     with pytest.raises(ValueError, match="outside the storage") as info:
         base.as_strided((3,), (-2,), 3)
     assert "reaches elements [-1, 3]" in str(info.value)
@@ -672,7 +785,12 @@ def test_as_strided_is_bounds_checked_but_allows_negative_strides():
 def test_view_and_reshape_argument_forms():
     """Shapes may be given as ints, a tuple, a list or a Size; a dtype view needs equal itemsize."""
     t = tb.arange(6, dtype=tb.int32)
-    assert t.view(2, 3).shape == t.view((2, 3)).shape == t.view([2, 3]).shape == t.view(tb.Size([2, 3])).shape
+    assert (
+        t.view(2, 3).shape
+        == t.view((2, 3)).shape
+        == t.view([2, 3]).shape
+        == t.view(tb.Size([2, 3])).shape
+    )
     assert t.view(tb.float32).dtype is tb.float32 and t.view(tb.uint32).tolist() == list(range(6))
     with pytest.raises(RuntimeError, match="needs equal element sizes"):
         t.view(tb.int16)

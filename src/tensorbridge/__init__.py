@@ -22,7 +22,7 @@ from ._dtype import __all__ as _dtype_all
 
 __all__ += [*_dtype_all, "dtype"]
 
-from ._device import DLDeviceType, Device, device
+from ._device import Device, DLDeviceType, device
 
 __all__ += ["DLDeviceType", "Device", "device"]
 
@@ -46,8 +46,17 @@ from ._creation import (
 )
 
 __all__ += [
-    "arange", "as_tensor", "empty", "empty_like", "full", "full_like", "ones", "ones_like", "tensor",
-    "zeros", "zeros_like",
+    "arange",
+    "as_tensor",
+    "empty",
+    "empty_like",
+    "full",
+    "full_like",
+    "ones",
+    "ones_like",
+    "tensor",
+    "zeros",
+    "zeros_like",
 ]
 
 from ._format import get_printoptions, printoptions, set_printoptions

@@ -154,13 +154,17 @@ def _acquire(obj: Any, api: str) -> BufferStorage:
         storage = BufferStorage(obj, _READONLY_REQUEST)
     except Exception as exc:
         if not _capi.PyObject_CheckBuffer(obj):
-            msg = (f"{api}(): object does not implement Python buffer protocol. Got an object of "
-                   f"type {type(obj).__name__!r}; pass bytes, bytearray, memoryview, array.array, "
-                   f"mmap or another buffer exporter.")
+            msg = (
+                f"{api}(): object does not implement Python buffer protocol. Got an object of "
+                f"type {type(obj).__name__!r}; pass bytes, bytearray, memoryview, array.array, "
+                f"mmap or another buffer exporter."
+            )
             raise ValueError(msg) from None
-        msg = (f"{api}(): could not retrieve buffer from object of type {type(obj).__name__!r} "
-               f"({type(exc).__name__}: {exc}). Only C-contiguous memory can be shared; copy it "
-               f"first (bytes(memoryview(obj)), numpy.ascontiguousarray(obj)).")
+        msg = (
+            f"{api}(): could not retrieve buffer from object of type {type(obj).__name__!r} "
+            f"({type(exc).__name__}: {exc}). Only C-contiguous memory can be shared; copy it "
+            f"first (bytes(memoryview(obj)), numpy.ascontiguousarray(obj))."
+        )
         raise RuntimeError(msg) from exc
     storage.readonly = True  # whatever the exporter says: it refused a writable export
     return storage
@@ -169,24 +173,32 @@ def _acquire(obj: Any, api: str) -> BufferStorage:
 def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
     """The number of elements to view, checked in PyTorch's order and words, without overflow."""
     if length <= 0 or count == 0:
-        msg = (f"frombuffer(): both buffer length ({length}) and count ({count}) must not be 0. "
-               f"Pass a non-empty buffer and a non-zero count.")
+        msg = (
+            f"frombuffer(): both buffer length ({length}) and count ({count}) must not be 0. "
+            f"Pass a non-empty buffer and a non-zero count."
+        )
         raise ValueError(msg)
     if offset < 0 or offset >= length:
-        msg = (f"frombuffer(): offset ({offset} bytes) must be non-negative and no greater than "
-               f"buffer length ({length} bytes) minus 1")
+        msg = (
+            f"frombuffer(): offset ({offset} bytes) must be non-negative and no greater than "
+            f"buffer length ({length} bytes) minus 1"
+        )
         raise ValueError(msg)
     if count < 0:
         remaining = length - offset
         if remaining % itemsize:
-            msg = (f"frombuffer(): buffer length ({remaining} bytes) after offset ({offset} bytes) "
-                   f"must be a multiple of element size ({itemsize}). Pass a count to read fewer.")
+            msg = (
+                f"frombuffer(): buffer length ({remaining} bytes) after offset ({offset} bytes) "
+                f"must be a multiple of element size ({itemsize}). Pass a count to read fewer."
+            )
             raise ValueError(msg)
         return remaining // itemsize
     # Python ints: a huge count cannot wrap into a small request as PyTorch's size_t sum does (F2).
     if offset + count * itemsize > length:
-        msg = (f"frombuffer(): requested buffer length ({count} * {itemsize} bytes) after offset "
-               f"({offset} bytes) must not be greater than actual buffer length ({length} bytes)")
+        msg = (
+            f"frombuffer(): requested buffer length ({count} * {itemsize} bytes) after offset "
+            f"({offset} bytes) must not be greater than actual buffer length ({length} bytes)"
+        )
         raise ValueError(msg)
     return count
 
@@ -216,7 +228,9 @@ _EMPTY: Final = ctypes.c_char()
 _EXPORTS: Final[list[tuple[memoryview, object, object, object]]] = []
 _REAP_AT: list[int] = [64]
 # Weak references to the handed-out views, by id (a writable memoryview is unhashable).
-_OUTER_REFS: Final[dict[int, Any]] = {}  # next registry size that triggers a reap on export (doubles when kept)
+_OUTER_REFS: Final[
+    dict[int, Any]
+] = {}  # next registry size that triggers a reap on export (doubles when kept)
 
 
 def _reap_exports() -> None:
@@ -319,29 +333,43 @@ def buffer_export(t: Tensor, flags: int) -> memoryview:
     api = "__buffer__"
     storage = t._storage
     if not storage.device.is_host_accessible:
-        msg = (f"{api}(): the tensor's memory is on {storage.device} and cannot be exported as a "
-               f"host buffer; export it with __dlpack__() to a library for {storage.device.type}.")
+        msg = (
+            f"{api}(): the tensor's memory is on {storage.device} and cannot be exported as a "
+            f"host buffer; export it with __dlpack__() to a library for {storage.device.type}."
+        )
         raise BufferError(msg)
     if flags & _capi.PY_BUF_WRITABLE and storage.readonly:
-        msg = (f"{api}(): a writable buffer was requested (flags=0x{flags:x}) but the tensor is "
-               f"read-only. Request a read-only buffer, or export a clone().")
+        msg = (
+            f"{api}(): a writable buffer was requested (flags=0x{flags:x}) but the tensor is "
+            f"read-only. Request a read-only buffer, or export a clone()."
+        )
         raise BufferError(msg)
     if not t.is_contiguous():
-        msg = (f"{api}(): the tensor is not C-contiguous (shape {list(t._shape)}, strides "
-               f"{list(t._strides)} in elements), so it has no single buffer. Call contiguous() "
-               f"first (which copies).")
+        msg = (
+            f"{api}(): the tensor is not C-contiguous (shape {list(t._shape)}, strides "
+            f"{list(t._strides)} in elements), so it has no single buffer. Call contiguous() "
+            f"first (which copies)."
+        )
         raise BufferError(msg)
     dtype = t._dtype
     fmt = _FORMATS.get(dtype)
     if fmt is None:
         fmt = _RAW_FORMATS[dtype.itemsize]
         if flags & _capi.PY_BUF_FORMAT:
-            msg = (f"{api}(): the buffer protocol has no format for {dtype}, and this consumer "
-                   f"asked for the element format. Use as_memoryview() for the raw bits (format "
-                   f"{fmt.decode()!r}), or view the tensor as an integer dtype of the same size.")
+            msg = (
+                f"{api}(): the buffer protocol has no format for {dtype}, and this consumer "
+                f"asked for the element format. Use as_memoryview() for the raw bits (format "
+                f"{fmt.decode()!r}), or view the tensor as an integer dtype of the same size."
+            )
             raise BufferError(msg)
-    return _host_memoryview(t.data_ptr(), fmt, dtype.itemsize, tuple(t._shape),
-                            readonly=storage.readonly, owner=storage.owner)
+    return _host_memoryview(
+        t.data_ptr(),
+        fmt,
+        dtype.itemsize,
+        tuple(t._shape),
+        readonly=storage.readonly,
+        owner=storage.owner,
+    )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -367,13 +395,22 @@ def reduce_tensor(t: Tensor, protocol: int) -> tuple[Any, tuple[Any, ...]]:
     """
     storage = t._storage
     if not storage.device.is_host_accessible:
-        msg = (f"__reduce_ex__(): cannot pickle a tensor whose memory is on {storage.device}; "
-               f"move it to the CPU with the library that owns the device memory first.")
+        msg = (
+            f"__reduce_ex__(): cannot pickle a tensor whose memory is on {storage.device}; "
+            f"move it to the CPU with the library that owns the device memory first."
+        )
         raise BufferError(msg)
     data, offset, strides = _pickled_bytes(t)
     payload: Any = pickle.PickleBuffer(data) if protocol >= 5 else bytes(data)
-    return _rebuild_tensor, (payload, t._dtype.name, tuple(t._shape), strides, offset,
-                             storage.readonly, t._requires_grad)
+    return _rebuild_tensor, (
+        payload,
+        t._dtype.name,
+        tuple(t._shape),
+        strides,
+        offset,
+        storage.readonly,
+        t._requires_grad,
+    )
 
 
 def _pickled_bytes(t: Tensor) -> tuple[memoryview | bytearray, int, tuple[int, ...]]:
@@ -388,25 +425,40 @@ def _pickled_bytes(t: Tensor) -> tuple[memoryview | bytearray, int, tuple[int, .
         return bytearray(), 0, t._strides  # no elements, no bytes: any strides fit
     low, high = span
     if high - low + 1 <= t.numel():
-        view = _host_memoryview(storage.ptr + low * itemsize, _BYTE_FORMAT, 1,
-                                ((high - low + 1) * itemsize,), readonly=storage.readonly,
-                                owner=storage.owner)
+        view = _host_memoryview(
+            storage.ptr + low * itemsize,
+            _BYTE_FORMAT,
+            1,
+            ((high - low + 1) * itemsize,),
+            readonly=storage.readonly,
+            owner=storage.owner,
+        )
         return view, t._offset - low, t._strides
     return t._bytes("__reduce_ex__"), 0, contiguous_strides(t._shape)
 
 
-def _rebuild_tensor(  # noqa: PLR0917 (pickle calls it with positional arguments)
-    data: Any, dtype_name: str, shape: tuple[int, ...], strides: tuple[int, ...], offset: int,
-    readonly: bool, requires_grad: bool,
+def _rebuild_tensor(
+    data: Any,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    readonly: bool,
+    requires_grad: bool,
 ) -> Tensor:
     """Unpickle: a tensor over ``data`` (bytes, bytearray, PickleBuffer, ...), bounds-checked."""
-    return _rebuilt(_storage_over(data, readonly), dtype_name, shape, strides, offset,
-                    requires_grad)
+    return _rebuilt(
+        _storage_over(data, readonly), dtype_name, shape, strides, offset, requires_grad
+    )
 
 
-def _rebuilt(  # noqa: PLR0917 (mirrors the pickled tuples)
-    storage: Storage, dtype_name: str, shape: tuple[int, ...], strides: tuple[int, ...],
-    offset: int, requires_grad: bool,
+def _rebuilt(
+    storage: Storage,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    requires_grad: bool,
 ) -> Tensor:
     # Tensor._new checks the layout against the storage: a crafted pickle cannot reach outside it.
     t = Tensor._new(storage, offset, shape, strides, BY_NAME[dtype_name], "__reduce_ex__")
@@ -497,7 +549,7 @@ def _unlink_created() -> None:
 @functools.cache
 def _segment_type() -> type[SharedMemory]:
     """``SharedMemory`` without its closing finalizer (imported on first use: multiprocessing)."""
-    from multiprocessing import shared_memory  # noqa: PLC0415 (only for share_memory_)
+    from multiprocessing import shared_memory
 
     class _Segment(shared_memory.SharedMemory):
         # `_SharedBlock` closes the segment after releasing its buffer export. At interpreter exit
@@ -555,8 +607,10 @@ def share_memory(t: Tensor) -> Tensor:
     if isinstance(storage.owner, _SharedBlock):
         return t
     if storage.device != CPU:
-        msg = (f"share_memory_(): only CPU tensors can be moved into shared memory; this one is "
-               f"on {storage.device}. Share device memory with the library that owns it.")
+        msg = (
+            f"share_memory_(): only CPU tensors can be moved into shared memory; this one is "
+            f"on {storage.device}. Share device memory with the library that owns it."
+        )
         raise BufferError(msg)
     # A storage that owns its memory (an imported DLPack tensor) keeps it itself, until it dies.
     previous = None if storage.owner is storage else storage.owner
@@ -574,7 +628,7 @@ def _register_process_reducer() -> None:
     """Make ``multiprocessing``'s pickler send shared-memory tensors by name, as PyTorch does."""
     global _reducer_registered  # noqa: PLW0603 (once per process)
     if not _reducer_registered:
-        from multiprocessing.reduction import ForkingPickler  # noqa: PLC0415 (only when sharing)
+        from multiprocessing.reduction import ForkingPickler
 
         ForkingPickler.register(Tensor, _reduce_for_process)
         _reducer_registered = True
@@ -585,13 +639,27 @@ def _reduce_for_process(t: Tensor) -> tuple[Any, tuple[Any, ...]]:
     owner = storage.owner
     if not isinstance(owner, _SharedBlock):
         return reduce_tensor(t, pickle.DEFAULT_PROTOCOL)
-    return _rebuild_shared, (owner.name, storage.nbytes, t._dtype.name, tuple(t._shape),
-                             t._strides, t._offset, storage.readonly, t._requires_grad)
+    return _rebuild_shared, (
+        owner.name,
+        storage.nbytes,
+        t._dtype.name,
+        tuple(t._shape),
+        t._strides,
+        t._offset,
+        storage.readonly,
+        t._requires_grad,
+    )
 
 
-def _rebuild_shared(  # noqa: PLR0917 (pickle calls it with positional arguments)
-    name: str, nbytes: int, dtype_name: str, shape: tuple[int, ...], strides: tuple[int, ...],
-    offset: int, readonly: bool, requires_grad: bool,
+def _rebuild_shared(
+    name: str,
+    nbytes: int,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    readonly: bool,
+    requires_grad: bool,
 ) -> Tensor:
     """Unpickle a shared-memory tensor: map the segment by name (every process sees each write)."""
     block = _attach_block(name)

@@ -14,7 +14,6 @@ __all__ = [
     "PY_BUF_FULL_RO",
     "PY_BUF_ND",
     "PY_BUF_WRITABLE",
-    "Py_buffer",
     "PyBuffer_Release",
     "PyCapsule_GetName",
     "PyCapsule_GetPointer",
@@ -22,11 +21,18 @@ __all__ = [
     "PyCapsule_New",
     "PyCapsule_SetName",
     "PyObject_GetBuffer",
+    "Py_buffer",
     "steal",
 ]
 
 _api = ctypes.pythonapi
-_py, _vp, _cp, _int, _ssize = ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_ssize_t
+_py, _vp, _cp, _int, _ssize = (
+    ctypes.py_object,
+    ctypes.c_void_p,
+    ctypes.c_char_p,
+    ctypes.c_int,
+    ctypes.c_ssize_t,
+)
 
 # Capsule destructor type: void (*)(PyObject *).
 PyCapsule_Destructor = ctypes.CFUNCTYPE(None, _vp)
@@ -45,7 +51,7 @@ PyCapsule_SetDestructor: Final = _bind("PyCapsule_SetDestructor", _int, _py, _vp
 PyErr_Clear: Final = _bind("PyErr_Clear", None)
 
 
-class Py_buffer(ctypes.Structure):  # noqa: N801 (CPython's name)
+class Py_buffer(ctypes.Structure):
     """CPython's ``Py_buffer`` (Include/pybuffer.h), stable since 3.3."""
 
     _fields_ = (

@@ -111,13 +111,17 @@ def _buffer_dtype(fmt: str, api: str) -> DType:
         if single is not None and single.itemsize == 1:  # byte order means nothing for one byte
             return single
         if single is not None or from_format("=" + rest) is not None:
-            msg = (f"{api}(): the buffer's format {fmt!r} has non-native byte order; tensors are "
-                   f"native-endian. Byte-swap the data first, or reinterpret the raw bytes with "
-                   f"tensorbridge.frombuffer(obj, dtype=...).")
+            msg = (
+                f"{api}(): the buffer's format {fmt!r} has non-native byte order; tensors are "
+                f"native-endian. Byte-swap the data first, or reinterpret the raw bytes with "
+                f"tensorbridge.frombuffer(obj, dtype=...)."
+            )
             raise BufferError(msg)
-    msg = (f"{api}(): the buffer's format {fmt!r} names no tensor dtype; supported are the single "
-           f"native struct codes ?, b, B, h, H, i, I, l, L, q, Q, n, N, e, f, d, Zf, Zd. Reinterpret the "
-           f"raw bytes with tensorbridge.frombuffer(obj, dtype=...).")
+    msg = (
+        f"{api}(): the buffer's format {fmt!r} names no tensor dtype; supported are the single "
+        f"native struct codes ?, b, B, h, H, i, I, l, L, q, Q, n, N, e, f, d, Zf, Zd. Reinterpret the "
+        f"raw bytes with tensorbridge.frombuffer(obj, dtype=...)."
+    )
     raise BufferError(msg)
 
 
@@ -129,7 +133,9 @@ _FORMAT_DTYPES: Final[dict[bytes | None, DType]] = {}
 def _format_dtype(fmt: bytes | None, api: str) -> DType:
     dtype = _FORMAT_DTYPES.get(fmt)
     if dtype is None:
-        dtype = _FORMAT_DTYPES[fmt] = _buffer_dtype(fmt.decode("ascii", "replace") if fmt else "B", api)
+        dtype = _FORMAT_DTYPES[fmt] = _buffer_dtype(
+            fmt.decode("ascii", "replace") if fmt else "B", api
+        )
     return dtype
 
 
@@ -143,14 +149,18 @@ def _from_buffer(obj: Any, api: str) -> Tensor:
     held, view = hold_buffer(obj, _capi.PY_BUF_FULL_RO)
     ndim = view.ndim
     if view.suboffsets and any(s >= 0 for s in view.suboffsets[:ndim]):
-        msg = (f"{api}(): the buffer of {type(obj).__name__} uses suboffsets (PIL-style indirect "
-               f"arrays), which tensors cannot describe. Copy it into a contiguous buffer first.")
+        msg = (
+            f"{api}(): the buffer of {type(obj).__name__} uses suboffsets (PIL-style indirect "
+            f"arrays), which tensors cannot describe. Copy it into a contiguous buffer first."
+        )
         raise BufferError(msg)
     dtype = _format_dtype(view.format, api)
     itemsize = dtype.itemsize
     if view.itemsize != itemsize:
-        msg = (f"{api}(): the buffer's itemsize {view.itemsize} does not match its format "
-               f"{view.format!r} ({itemsize} bytes); the exporter is malformed.")
+        msg = (
+            f"{api}(): the buffer's itemsize {view.itemsize} does not match its format "
+            f"{view.format!r} ({itemsize} bytes); the exporter is malformed."
+        )
         raise BufferError(msg)
     shape = tuple(view.shape[:ndim]) if ndim else ()
     if view.strides:
@@ -158,26 +168,47 @@ def _from_buffer(obj: Any, api: str) -> Tensor:
         if itemsize == 1:
             strides = tuple(byte_strides)
         elif any(s % itemsize for s in byte_strides):
-            msg = (f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
-                   f"itemsize ({itemsize}); tensor strides count whole elements.")
+            msg = (
+                f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
+                f"itemsize ({itemsize}); tensor strides count whole elements."
+            )
             raise BufferError(msg)
         else:
             strides = tuple(s // itemsize for s in byte_strides)
     else:
         strides = _layout.contiguous_strides(shape)
     # The exporter vouches for its layout; ``len`` is the logical size, not the extent of a strided view.
-    return _interfaces.wrap_memory(view.buf or 0, 0, shape, strides, dtype, device=CPU,
-                                   readonly=bool(view.readonly), owner=held, api=api)
+    return _interfaces.wrap_memory(
+        view.buf or 0,
+        0,
+        shape,
+        strides,
+        dtype,
+        device=CPU,
+        readonly=bool(view.readonly),
+        owner=held,
+        api=api,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- paths
-def _import(path: str, obj: Any, found: Any, *, device: Device | None, copy: bool | None,
-            dtype: DType | None, api: str) -> tuple[Tensor, bool]:
+def _import(
+    path: str,
+    obj: Any,
+    found: Any,
+    *,
+    device: Device | None,
+    copy: bool | None,
+    dtype: DType | None,
+    api: str,
+) -> tuple[Tensor, bool]:
     """Run one protocol path: the tensor, and whether it is already a private copy."""
     if path == _DLPACK:
         # The producer makes the copy for copy=True, unless a dtype change will copy anyway.
         producer_copies = copy is True and dtype is None
-        return _dlpack.from_dlpack(obj, device=device, copy=True if producer_copies else copy), producer_copies
+        return _dlpack.from_dlpack(
+            obj, device=device, copy=True if producer_copies else copy
+        ), producer_copies
     if path == _CAPSULE:
         return _dlpack.from_dlpack(obj), False
     if path == _ARROW:
@@ -193,10 +224,22 @@ def _import(path: str, obj: Any, found: Any, *, device: Device | None, copy: boo
 
 # PyTorch's ScalarType names, which its alias errors print (compat.md §5).
 _TORCH_NAMES: Final = {
-    "bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
-    "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double",
-    "complex32": "ComplexHalf", "complex64": "ComplexFloat", "complex128": "ComplexDouble",
-    "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64",
+    "bool": "Bool",
+    "uint8": "Byte",
+    "int8": "Char",
+    "int16": "Short",
+    "int32": "Int",
+    "int64": "Long",
+    "float16": "Half",
+    "bfloat16": "BFloat16",
+    "float32": "Float",
+    "float64": "Double",
+    "complex32": "ComplexHalf",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+    "uint16": "UInt16",
+    "uint32": "UInt32",
+    "uint64": "UInt64",
 }
 
 
@@ -205,20 +248,33 @@ def _same_device(have: Device, want: Device) -> bool:
     return have.type == want.type and (want.index is None or want.index == (have.index or 0))
 
 
-def _finish(t: Tensor, copied: bool, source: Any, *, dtype: DType | None, device: Device | None,
-            copy: bool | None, requires_grad: bool, api: str) -> Tensor:
+def _finish(
+    t: Tensor,
+    copied: bool,
+    source: Any,
+    *,
+    dtype: DType | None,
+    device: Device | None,
+    copy: bool | None,
+    requires_grad: bool,
+    api: str,
+) -> Tensor:
     """Apply ``device``, ``dtype``, ``copy`` and ``requires_grad`` to an imported tensor."""
     if device is not None and not _same_device(t.device, device):
         if copy is False:
-            msg = (f"{api}(): can't alias tensor from device '{t.device}' to '{device}'. "
-                   f"Pass copy=None or copy=True to allow a copy.")
+            msg = (
+                f"{api}(): can't alias tensor from device '{t.device}' to '{device}'. "
+                f"Pass copy=None or copy=True to allow a copy."
+            )
             raise ValueError(msg)
         t, copied = t.to(device), True
     if dtype is not None and dtype is not t.dtype:
         if copy is False:
             have, want = (_TORCH_NAMES.get(d.name, d.name) for d in (t.dtype, dtype))
-            msg = (f"{api}(): can't alias tensor with dtype '{have}' into dtype '{want}'. "
-                   f"Pass copy=None or copy=True to allow a converting copy.")
+            msg = (
+                f"{api}(): can't alias tensor with dtype '{have}' into dtype '{want}'. "
+                f"Pass copy=None or copy=True to allow a converting copy."
+            )
             raise ValueError(msg)
         t, copied = t.to(dtype), True
     if copy and not copied:
@@ -229,8 +285,14 @@ def _finish(t: Tensor, copied: bool, source: Any, *, dtype: DType | None, device
     return t
 
 
-def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: bool | None = None,
-            requires_grad: bool = False) -> Tensor:
+def asarray(
+    obj: Any,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    copy: bool | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """Convert ``obj`` to a tensor, sharing its memory whenever possible (PyTorch's ``asarray``).
 
     ``obj`` may be a tensorbridge `Tensor`, a DLPack capsule or producer, an Arrow array or stream, an
@@ -278,7 +340,9 @@ def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: bool | Non
         t, copied = _import(path, obj, found, device=want, copy=copy, dtype=dtype, api=api)
     if dtype is None and want is None and not copy and requires_grad is False:
         return t  # nothing to apply (the common case)
-    return _finish(t, copied, obj, dtype=dtype, device=want, copy=copy, requires_grad=requires_grad, api=api)
+    return _finish(
+        t, copied, obj, dtype=dtype, device=want, copy=copy, requires_grad=requires_grad, api=api
+    )
 
 
 # ---------------------------------------------------------------------------------------------- pointers
@@ -290,14 +354,25 @@ def _strides_arg(strides: Any, shape: tuple[int, ...], api: str) -> tuple[int, .
         raise TypeError(msg)
     out = tuple(_as_int(s, api, "each stride") for s in strides)
     if len(out) != len(shape):
-        msg = (f"{api}(): got {len(out)} strides for {len(shape)} dimensions; strides {list(out)}, "
-               f"shape {list(shape)}. Pass one stride (in elements) per dimension.")
+        msg = (
+            f"{api}(): got {len(out)} strides for {len(shape)} dimensions; strides {list(out)}, "
+            f"shape {list(shape)}. Pass one stride (in elements) per dimension."
+        )
         raise ValueError(msg)
     return out
 
 
-def from_pointer(ptr: int, shape: Any, dtype: Any, *, strides: Any = None, device: Any = "cpu",
-                 owner: Any = None, readonly: bool = False, nbytes: int | None = None) -> Tensor:
+def from_pointer(
+    ptr: int,
+    shape: Any,
+    dtype: Any,
+    *,
+    strides: Any = None,
+    device: Any = "cpu",
+    owner: Any = None,
+    readonly: bool = False,
+    nbytes: int | None = None,
+) -> Tensor:
     """A tensor over memory at a raw address, for libraries that own memory (ctypes, cffi, C extensions).
 
     Ownership contract: the memory belongs to the caller. tensorbridge never frees it; it keeps
@@ -342,6 +417,15 @@ def from_pointer(ptr: int, shape: Any, dtype: Any, *, strides: Any = None, devic
     if extent is not None and extent < 0:
         msg = f"{api}(): nbytes must be non-negative; got {extent}."
         raise ValueError(msg)
-    return _interfaces.wrap_memory(address, 0, dims, element_strides, dt, device=dev, readonly=bool(readonly),
-                                   owner=owner, api=api, nbytes=extent)
-
+    return _interfaces.wrap_memory(
+        address,
+        0,
+        dims,
+        element_strides,
+        dt,
+        device=dev,
+        readonly=bool(readonly),
+        owner=owner,
+        api=api,
+        nbytes=extent,
+    )

@@ -42,8 +42,12 @@ class Driver:
     """
 
     def __init__(self, lib: Any) -> None:
-        vp, pvp, cint, cuint = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                ctypes.c_uint)
+        vp, pvp, cint, cuint = (
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_int,
+            ctypes.c_uint,
+        )
 
         def bind(name: str, *argtypes: Any) -> Any:
             fn = getattr(lib, name)
@@ -79,8 +83,11 @@ class Driver:
         """Make the primary context of device ``ordinal`` current (retained) for the ``with`` block."""
         device, ctx = ctypes.c_int(), ctypes.c_void_p()
         self.check(self.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet", api)
-        self.check(self.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device),
-                   "cuDevicePrimaryCtxRetain", api)
+        self.check(
+            self.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device),
+            "cuDevicePrimaryCtxRetain",
+            api,
+        )
         try:
             self.check(self.cuCtxPushCurrent(ctx), "cuCtxPushCurrent", api)
             try:
@@ -93,7 +100,9 @@ class Driver:
     def pointer_device(self, ptr: int, api: str) -> int:
         """The device number owning ``ptr``; memory the driver does not know is a `BufferError`."""
         ordinal = ctypes.c_int()
-        rc = self.cuPointerGetAttribute(ctypes.byref(ordinal), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+        rc = self.cuPointerGetAttribute(
+            ctypes.byref(ordinal), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr
+        )
         self.check(rc, f"looking up the device of pointer 0x{ptr:x}", api)
         return ordinal.value
 
@@ -118,8 +127,11 @@ class Driver:
         legacy default stream of ``device``."""
         with self.primary_context(device, api):
             event = ctypes.c_void_p()
-            self.check(self.cuEventCreate(ctypes.byref(event), CU_EVENT_DISABLE_TIMING),
-                       "cuEventCreate", api)
+            self.check(
+                self.cuEventCreate(ctypes.byref(event), CU_EVENT_DISABLE_TIMING),
+                "cuEventCreate",
+                api,
+            )
             try:
                 self.check(self.cuEventRecord(event, CU_STREAM_LEGACY), "cuEventRecord", api)
                 self.check(self.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent", api)

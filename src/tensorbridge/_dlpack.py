@@ -76,10 +76,15 @@ _kDLCUDA: Final = int(DLDeviceType.kDLCUDA)
 _kDLROCM: Final = int(DLDeviceType.kDLROCM)
 
 # Device types whose producers get no ``stream`` keyword: memory the host reads directly.
-_HOST_TYPES: Final = frozenset(int(d) for d in (
-    DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost, DLDeviceType.kDLROCMHost,
-    DLDeviceType.kDLCUDAManaged,
-))
+_HOST_TYPES: Final = frozenset(
+    int(d)
+    for d in (
+        DLDeviceType.kDLCPU,
+        DLDeviceType.kDLCUDAHost,
+        DLDeviceType.kDLROCMHost,
+        DLDeviceType.kDLCUDAManaged,
+    )
+)
 # Devices whose ``data`` is an address in a linear address space, so that ``data + byte_offset``
 # is the first element. Elsewhere (OpenCL ``cl_mem``, Metal ``MTLBuffer``, Vulkan, WebGPU, ...)
 # ``data`` may be an opaque handle: the offset stays in ``byte_offset`` (pytorch/pytorch#168193).
@@ -149,8 +154,10 @@ def _read(fmt: struct.Struct, address: int) -> tuple[Any, ...]:
     except (struct.error, OverflowError):  # beyond the view, or beyond Py_ssize_t
         pass
     if _MEMORY_COVERS_ALL or address <= 0 or address + fmt.size > ADDRESS_LIMIT:
-        msg = (f"from_dlpack(): the capsule points outside the address space (0x{address:x}); "
-               f"the producer wrote an invalid capsule.")
+        msg = (
+            f"from_dlpack(): the capsule points outside the address space (0x{address:x}); "
+            f"the producer wrote an invalid capsule."
+        )
         raise BufferError(msg) from None
     return fmt.unpack(ctypes.string_at(address, fmt.size))
 
@@ -237,7 +244,9 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
         _capi.PyCapsule_SetName(ext_tensor, used_name)
         if deleter:
             storage: Any = t._storage  # a DLPackStorage
-            storage.deleter = _DELETERS.get(deleter) or _deleter_function(deleter)  # cache hit inline
+            storage.deleter = _DELETERS.get(deleter) or _deleter_function(
+                deleter
+            )  # cache hit inline
         return t
     return _from_dlpack_with(ext_tensor, _as_target(device), _as_copy(copy, "from_dlpack"))
 
@@ -251,9 +260,11 @@ def _alias(t: Tensor) -> Tensor:
 
 
 def _not_a_producer(obj: Any) -> _NotDLPackError:
-    msg = (f"from_dlpack(): expected an object with a __dlpack__ method or a DLPack capsule; got "
-           f"an object of type {type(obj).__name__}. Pass a tensor or array of a DLPack-aware "
-           f"library (NumPy, PyTorch, JAX, CuPy, ...) or a capsule made by its to_dlpack().")
+    msg = (
+        f"from_dlpack(): expected an object with a __dlpack__ method or a DLPack capsule; got "
+        f"an object of type {type(obj).__name__}. Pass a tensor or array of a DLPack-aware "
+        f"library (NumPy, PyTorch, JAX, CuPy, ...) or a capsule made by its to_dlpack()."
+    )
     return _NotDLPackError(msg)
 
 
@@ -262,8 +273,10 @@ def _as_target(device: Any) -> Device | None:
         return device
     if isinstance(device, str):
         return Device(device)  # ValueError for an unknown name, as the array API expects
-    msg = (f"from_dlpack(): device must be a string like 'cpu' or a tensorbridge.device; got "
-           f"{device!r} ({type(device).__name__}).")
+    msg = (
+        f"from_dlpack(): device must be a string like 'cpu' or a tensorbridge.device; got "
+        f"{device!r} ({type(device).__name__})."
+    )
     raise TypeError(msg)
 
 
@@ -450,8 +463,10 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
             raise
         capsule = export()  # a failure here keeps the first TypeError as its context
     if type(capsule) is not _CapsuleType:
-        msg = (f"from_dlpack(): {type(obj).__name__}.__dlpack__() returned an object of type "
-               f"{type(capsule).__name__}, not a DLPack capsule. The producer is broken.")
+        msg = (
+            f"from_dlpack(): {type(obj).__name__}.__dlpack__() returned an object of type "
+            f"{type(capsule).__name__}, not a DLPack capsule. The producer is broken."
+        )
         raise TypeError(msg)
     return capsule
 
@@ -480,9 +495,11 @@ def _request_kwargs(
 def _resolve_neg(obj: Any, copy: bool | None) -> Any:
     """PyTorch exports a negative-bit view without its sign (compat.md F5): resolve it first."""
     if copy is False:
-        msg = ("from_dlpack(): the PyTorch tensor is a negative-bit view (is_neg()); its values "
-               "exist only after resolve_neg(), a copy, which copy=False forbids. Use copy=None or "
-               "pass tensor.resolve_neg().")
+        msg = (
+            "from_dlpack(): the PyTorch tensor is a negative-bit view (is_neg()); its values "
+            "exist only after resolve_neg(), a copy, which copy=False forbids. Use copy=None or "
+            "pass tensor.resolve_neg()."
+        )
         raise ValueError(msg)
     return obj.resolve_neg()
 
@@ -569,12 +586,16 @@ def _versioned(managed: int) -> tuple[Tensor, int]:
     if major != DLPACK_MAJOR_VERSION:
         # Nothing else may be trusted; the unrenamed capsule's destructor calls the deleter
         # (dlpack.md §4).
-        msg = (f"from_dlpack(): the capsule holds a DLPack {major}.{minor} tensor; tensorbridge "
-               f"reads major version {DLPACK_MAJOR_VERSION} only. Upgrade tensorbridge or ask the "
-               f"producer for max_version={_MAX_VERSION}.")
+        msg = (
+            f"from_dlpack(): the capsule holds a DLPack {major}.{minor} tensor; tensorbridge "
+            f"reads major version {DLPACK_MAJOR_VERSION} only. Upgrade tensorbridge or ask the "
+            f"producer for max_version={_MAX_VERSION}."
+        )
         raise BufferError(msg)
     readonly = flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
-    return _tensor(managed, fields[5:], readonly, flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0), deleter
+    return _tensor(
+        managed, fields[5:], readonly, flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0
+    ), deleter
 
 
 def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: bool) -> Tensor:
@@ -613,8 +634,10 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         elif size < 0:
             raise _negative_shape(shape)
     if not data:
-        msg = (f"from_dlpack(): DLTensor.data is NULL for a non-empty tensor of shape "
-               f"{list(shape)}; the producer wrote an invalid capsule.")
+        msg = (
+            f"from_dlpack(): DLTensor.data is NULL for a non-empty tensor of shape "
+            f"{list(shape)}; the producer wrote an invalid capsule."
+        )
         raise BufferError(msg)
     itemsize = dtype.itemsize
     nbytes = (high - low + 1) * itemsize
@@ -623,9 +646,11 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
     else:
         start, offset, nbytes = _handle_extent(data, byte_offset, (low, high), itemsize, device)
     if start <= 0 or start + nbytes > ADDRESS_LIMIT or nbytes > sys.maxsize:
-        msg = (f"from_dlpack(): the layout (data=0x{data:x}, byte_offset={byte_offset}, shape="
-               f"{list(shape)}, strides={list(strides)}, itemsize={itemsize}) reaches outside the "
-               f"address space; the producer wrote an invalid capsule.")
+        msg = (
+            f"from_dlpack(): the layout (data=0x{data:x}, byte_offset={byte_offset}, shape="
+            f"{list(shape)}, strides={list(strides)}, itemsize={itemsize}) reaches outside the "
+            f"address space; the producer wrote an invalid capsule."
+        )
         raise BufferError(msg)
     storage = DLPackStorage(start, nbytes, device, readonly, copied, managed)
     return Tensor._make(storage, offset, shape, strides, dtype)
@@ -638,8 +663,10 @@ def _shape_and_strides(
     if ndim == 0:
         return (), ()  # shape and strides may be NULL (DLPack 1.3): never read them
     if not 0 < ndim <= _MAX_NDIM or not shape_p:
-        msg = (f"from_dlpack(): malformed DLTensor: ndim={ndim} (at most {_MAX_NDIM}), shape "
-               f"{'set' if shape_p else 'NULL'}; the producer wrote an invalid capsule.")
+        msg = (
+            f"from_dlpack(): malformed DLTensor: ndim={ndim} (at most {_MAX_NDIM}), shape "
+            f"{'set' if shape_p else 'NULL'}; the producer wrote an invalid capsule."
+        )
         raise BufferError(msg)
     shape = _read(_INT64_ARRAYS[ndim], shape_p)
     if strides_p:
@@ -648,8 +675,10 @@ def _shape_and_strides(
 
 
 def _negative_shape(shape: tuple[int, ...]) -> BufferError:
-    msg = (f"from_dlpack(): DLTensor.shape has a negative size: {list(shape)}; the producer wrote "
-           f"an invalid capsule.")
+    msg = (
+        f"from_dlpack(): DLTensor.shape has a negative size: {list(shape)}; the producer wrote "
+        f"an invalid capsule."
+    )
     return BufferError(msg)
 
 
@@ -660,12 +689,13 @@ def _handle_extent(
     low, high = span
     offset, rest = divmod(byte_offset, itemsize)
     if rest or offset + low < 0:
-        msg = (f"from_dlpack(): byte_offset {byte_offset} on {device} is not a whole number of "
-               f"{itemsize}-byte elements or reaches before the buffer; tensorbridge cannot "
-               f"express it.")
+        msg = (
+            f"from_dlpack(): byte_offset {byte_offset} on {device} is not a whole number of "
+            f"{itemsize}-byte elements or reaches before the buffer; tensorbridge cannot "
+            f"express it."
+        )
         raise BufferError(msg)
     return data, offset, (offset + high + 1) * itemsize
-
 
 
 def _legacy_pointer(capsule: Any) -> int:
@@ -681,8 +711,10 @@ def _legacy_pointer(capsule: Any) -> int:
     if name in (USED_DLTENSOR, USED_DLTENSOR_VERSIONED):
         raise RuntimeError(_TORCH_CONSUMED)
     shown = name.decode("ascii", "replace") if name is not None else None
-    msg = (f"from_dlpack(): expected a capsule named 'dltensor' or 'dltensor_versioned'; got a "
-           f"capsule named {shown!r}. Only DLPack capsules can be imported.")
+    msg = (
+        f"from_dlpack(): expected a capsule named 'dltensor' or 'dltensor_versioned'; got a "
+        f"capsule named {shown!r}. Only DLPack capsules can be imported."
+    )
     raise TypeError(msg)
 
 
@@ -692,8 +724,10 @@ def _unsupported_dtype(word: int) -> BufferError:
         why = "vector types (lanes != 1) are not supported, except float4_e2m1fn_x2 = (17, 4, 2)"
     else:
         why = "no tensorbridge dtype has this DLDataType"
-    msg = (f"from_dlpack(): unsupported DLPack dtype (code={code}, bits={bits}, lanes={lanes}): "
-           f"{why}. Convert the data to a supported dtype before exporting it.")
+    msg = (
+        f"from_dlpack(): unsupported DLPack dtype (code={code}, bits={bits}, lanes={lanes}): "
+        f"{why}. Convert the data to a supported dtype before exporting it."
+    )
     return BufferError(msg)
 
 
@@ -721,9 +755,11 @@ def _from_capsule_with(capsule: Any, target: Device | None, copy: bool | None) -
         target is not None and _needs_move(storage.device.to_dlpack(), target)
     ):
         where = target if target is not None else storage.device
-        msg = (f"from_dlpack(): {_TORCH_CAPSULE_KWARGS} The capsule holds memory on "
-               f"{storage.device}, which tensorbridge cannot copy or move to {where}. Import it "
-               f"without device and copy, or ask its producer for the device.")
+        msg = (
+            f"from_dlpack(): {_TORCH_CAPSULE_KWARGS} The capsule holds memory on "
+            f"{storage.device}, which tensorbridge cannot copy or move to {where}. Import it "
+            f"without device and copy, or ask its producer for the device."
+        )
         raise ValueError(msg)
     _commit(capsule, storage, used_name, deleter)
     if target is not None:
@@ -743,8 +779,10 @@ def _needs_move(source: tuple[int, int], target: Device) -> bool:
 def _move_refused(source: tuple[int, int], wanted: tuple[int, int]) -> ValueError:
     known = source[0] in DLDeviceType._value2member_map_
     src = (DLDeviceType(source[0]) if known else source[0], source[1])
-    msg = (f"from_dlpack(): cannot move DLPack tensor from device {src} to "
-           f"{(int(wanted[0]), wanted[1])} without copying. Set copy=None or copy=True.")
+    msg = (
+        f"from_dlpack(): cannot move DLPack tensor from device {src} to "
+        f"{(int(wanted[0]), wanted[1])} without copying. Set copy=None or copy=True."
+    )
     return ValueError(msg)
 
 
@@ -752,14 +790,17 @@ def _relabel(t: Tensor, target: Device) -> Tensor:
     """``t`` seen on ``target``: the same memory, when it is there already or host-accessible."""
     storage = t._storage
     if _needs_move(storage.device.to_dlpack(), target):
-        msg = (f"from_dlpack(): the producer returned memory on {storage.device}, not on the "
-               f"requested {target}, and tensorbridge does not move memory between devices. Move "
-               f"it with the producer's library first.")
+        msg = (
+            f"from_dlpack(): the producer returned memory on {storage.device}, not on the "
+            f"requested {target}, and tensorbridge does not move memory between devices. Move "
+            f"it with the producer's library first."
+        )
         raise BufferError(msg)
     if storage.device.type == target.type:
         return t
-    host = Storage(storage.ptr, storage.nbytes, target, storage.readonly, storage,
-                   storage.is_copied)
+    host = Storage(
+        storage.ptr, storage.nbytes, target, storage.readonly, storage, storage.is_copied
+    )
     return Tensor._make(host, t._offset, t._shape, t._strides, t._dtype)
 
 
@@ -810,8 +851,9 @@ _DELETER_ADDRESS: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
 
 def _refcounts(pending: dict[int, Any]) -> list[tuple[int, Any, int]]:
     """``(address, capsule, references)`` for each pending capsule."""
-    return [(address, capsule, sys.getrefcount(capsule))
-            for address, capsule in list(pending.items())]
+    return [
+        (address, capsule, sys.getrefcount(capsule)) for address, capsule in list(pending.items())
+    ]
 
 
 # The references `_refcounts` sees on a capsule held by nothing but the registry, measured with the
@@ -898,8 +940,10 @@ def to_dlpack(tensor: Any) -> Any:
         tensor([0, 1, 2])
     """
     if not isinstance(tensor, Tensor):
-        msg = (f"to_dlpack(): expected a tensorbridge.Tensor; got {type(tensor).__name__}. Convert "
-               f"it with tensorbridge.asarray() first.")
+        msg = (
+            f"to_dlpack(): expected a tensorbridge.Tensor; got {type(tensor).__name__}. Convert "
+            f"it with tensorbridge.asarray() first."
+        )
         raise TypeError(msg)
     return _export(tensor, None, None, None, None, "to_dlpack")
 
@@ -925,9 +969,11 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
     if copied:
         t = _export_copy(t, copy, api)
     elif t._storage.readonly and not versioned:
-        msg = (f"{api}(): cannot export a read-only tensor as an unversioned 'dltensor' capsule, "
-               f"since signalling readonly is unsupported by DLPack before version 1.0. Call "
-               f"__dlpack__(max_version=(1, 0)), or export a clone().")
+        msg = (
+            f"{api}(): cannot export a read-only tensor as an unversioned 'dltensor' capsule, "
+            f"since signalling readonly is unsupported by DLPack before version 1.0. Call "
+            f"__dlpack__(max_version=(1, 0)), or export a clone()."
+        )
         raise BufferError(msg)
     if stream is not None and stream > 2 and device.dlpack_type == DLDeviceType.kDLCUDA:
         _cuda_wait_on_legacy_stream(device.index or 0, stream, api)
@@ -941,16 +987,20 @@ def _wants_versioned(max_version: Any, api: str) -> bool:
         major, minor = max_version
         if type(major) is int and type(minor) is int:
             return major >= 1
-    msg = (f"{api}(): max_version must be None or a (major, minor) pair of ints; got "
-           f"{max_version!r}. Pass e.g. max_version=(1, 0).")
+    msg = (
+        f"{api}(): max_version must be None or a (major, minor) pair of ints; got "
+        f"{max_version!r}. Pass e.g. max_version=(1, 0)."
+    )
     raise TypeError(msg)
 
 
 def _check_stream(stream: Any, device: Device, api: str) -> None:
     """Validate ``stream`` for the tensor's device (dlpack.md §5), with PyTorch's texts."""
     if type(stream) is not int:
-        msg = (f"{api}(): stream must be ``int`` or ``none``; got {stream!r} "
-               f"({type(stream).__name__}).")
+        msg = (
+            f"{api}(): stream must be ``int`` or ``none``; got {stream!r} "
+            f"({type(stream).__name__})."
+        )
         raise TypeError(msg)
     kind = device.dlpack_type
     if device.is_host_accessible:
@@ -969,8 +1019,11 @@ def _check_stream(stream: Any, device: Device, api: str) -> None:
 
 def _export_device(dl_device: Any, device: Device, copy: bool | None, api: str) -> Device:
     """The device to report for ``dl_device``: the tensor's own, or the CPU for host memory."""
-    if not (type(dl_device) is tuple and len(dl_device) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in dl_device)):
+    if not (
+        type(dl_device) is tuple
+        and len(dl_device) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in dl_device)
+    ):
         msg = f"{api}(): dl_device must be a tuple of two ints or None; got {dl_device!r}."
         raise TypeError(msg)
     kind, index = int(dl_device[0]), int(dl_device[1])
@@ -981,30 +1034,40 @@ def _export_device(dl_device: Any, device: Device, copy: bool | None, api: str) 
         return CPU  # pinned and managed memory are CPU memory too: no copy
     target = Device.from_dlpack(kind, index)  # "Unsupported device_type: N" for unknown types
     if copy is False:
-        msg = (f"{api}(): cannot move (i.e. copy=False) tensor from {device} to {target} without "
-               f"copying.")
+        msg = (
+            f"{api}(): cannot move (i.e. copy=False) tensor from {device} to {target} without "
+            f"copying."
+        )
     elif kind == _kDLCPU:
-        msg = (f"{api}(): cannot copy {device} memory to the CPU: tensorbridge does not copy "
-               f"between devices. Export to the tensor's own device and copy with its library.")
+        msg = (
+            f"{api}(): cannot copy {device} memory to the CPU: tensorbridge does not copy "
+            f"between devices. Export to the tensor's own device and copy with its library."
+        )
     else:
-        msg = (f"{api}(): Unsupported device_type: {kind}. tensorbridge exports to the tensor's "
-               f"own device {(int(own_kind), own_index)} or, from host memory, to the CPU (1, 0); "
-               f"it does not copy memory from {device} to {target}.")
+        msg = (
+            f"{api}(): Unsupported device_type: {kind}. tensorbridge exports to the tensor's "
+            f"own device {(int(own_kind), own_index)} or, from host memory, to the CPU (1, 0); "
+            f"it does not copy memory from {device} to {target}."
+        )
     raise BufferError(msg)
 
 
 def _export_copy(t: Tensor, copy: bool | None, api: str) -> Tensor:
     """A compact copy, for ``copy=True`` or negative strides (pytorch/pytorch#188023)."""
     if copy is False:
-        msg = (f"{api}(): the tensor has negative strides {t._strides}, which some consumers "
-               f"cannot take (torch.from_dlpack aborts the process), and copy=False forbids the "
-               f"compact copy tensorbridge exports instead. Use copy=None, or export "
-               f"t.contiguous().")
+        msg = (
+            f"{api}(): the tensor has negative strides {t._strides}, which some consumers "
+            f"cannot take (torch.from_dlpack aborts the process), and copy=False forbids the "
+            f"compact copy tensorbridge exports instead. Use copy=None, or export "
+            f"t.contiguous()."
+        )
         raise BufferError(msg)
     if not t._storage.device.is_host_accessible:
-        msg = (f"{api}(): a copy is needed (copy=True or negative strides {t._strides}), but "
-               f"tensorbridge cannot copy memory on {t.device}. Copy it with the library that owns "
-               f"the memory.")
+        msg = (
+            f"{api}(): a copy is needed (copy=True or negative strides {t._strides}), but "
+            f"tensorbridge cannot copy memory on {t.device}. Copy it with the library that owns "
+            f"the memory."
+        )
         raise BufferError(msg)
     return t.clone()
 
@@ -1055,22 +1118,48 @@ def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool, name:
     address: int = ctypes.addressof(block)
     shape_p = address + shape_at
     # manager_ctx is opaque to consumers: the block's own address, the key of its registry entry.
-    dltensor = (data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, shape_p + 8 * ndim,
-                byte_offset)
+    dltensor = (
+        data,
+        dev_type,
+        dev_id,
+        ndim,
+        code,
+        bits,
+        lanes,
+        shape_p,
+        shape_p + 8 * ndim,
+        byte_offset,
+    )
     try:
         if versioned:
-            flags = (DLPACK_FLAG_BITMASK_IS_COPIED if copied
-                     else DLPACK_FLAG_BITMASK_READ_ONLY if storage.readonly else 0)
-            fmt.pack_into(block, 0, *_MAX_VERSION, address, _DELETER_ADDRESS, flags, *dltensor,
-                          *shape, *strides)
+            flags = (
+                DLPACK_FLAG_BITMASK_IS_COPIED
+                if copied
+                else DLPACK_FLAG_BITMASK_READ_ONLY
+                if storage.readonly
+                else 0
+            )
+            fmt.pack_into(
+                block,
+                0,
+                *_MAX_VERSION,
+                address,
+                _DELETER_ADDRESS,
+                flags,
+                *dltensor,
+                *shape,
+                *strides,
+            )
         else:
             fmt.pack_into(block, 0, *dltensor, address, _DELETER_ADDRESS, *shape, *strides)
     except struct.error:
         # Only a tensor imported from a lying producer gets here: e.g. a device handle plus
         # byte_offset beyond 64 bits. DLPack's fixed-width fields cannot carry it.
-        msg = (f"__dlpack__(): the tensor's layout (data=0x{data:x}, byte_offset={byte_offset}, "
-               f"shape={list(shape)}, strides={list(strides)}) does not fit DLPack's 64-bit "
-               f"fields; it cannot be exported. Export a clone() of host memory instead.")
+        msg = (
+            f"__dlpack__(): the tensor's layout (data=0x{data:x}, byte_offset={byte_offset}, "
+            f"shape={list(shape)}, strides={list(strides)}) does not fit DLPack's 64-bit "
+            f"fields; it cannot be exported. Export a clone() of host memory instead."
+        )
         raise BufferError(msg) from None
     _EXPORTS[address] = (block, t, name)
     return address
@@ -1116,7 +1205,9 @@ def _cuda_wait_on_legacy_stream(device_id: int, stream: int, api: str) -> None:
     """
     driver = _cuda.driver()
     if driver is None:
-        msg = (f"{api}(): stream={stream} needs the CUDA driver (libcuda) to order the consumer's "
-               f"stream after the data, and none could be loaded. Pass stream=None, 1 or -1.")
+        msg = (
+            f"{api}(): stream={stream} needs the CUDA driver (libcuda) to order the consumer's "
+            f"stream after the data, and none could be loaded. Pass stream=None, 1 or -1."
+        )
         raise BufferError(msg)
     driver.wait_on_legacy_stream(stream, device_id, api)

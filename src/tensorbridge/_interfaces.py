@@ -60,8 +60,17 @@ _NATIVE_ORDER: Final = "<" if sys.byteorder == "little" else ">"
 
 # ---------------------------------------------------------------------------------------------- raw memory
 def wrap_memory(
-    ptr: int, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType, *,
-    device: Device, readonly: bool, owner: object, api: str, nbytes: int | None = None,
+    ptr: int,
+    offset: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: DType,
+    *,
+    device: Device,
+    readonly: bool,
+    owner: object,
+    api: str,
+    nbytes: int | None = None,
 ) -> Tensor:
     """A tensor over memory that ``owner`` keeps valid; the checks every pointer-based import shares.
 
@@ -74,30 +83,40 @@ def wrap_memory(
     itemsize = dtype.itemsize
     numel = math.prod(shape)
     if numel * itemsize > sys.maxsize:
-        msg = (f"{api}(): shape {list(shape)} of {dtype} holds {numel} elements ({numel * itemsize} bytes), "
-               f"more than a process can address ({sys.maxsize} bytes). Check the shape.")
+        msg = (
+            f"{api}(): shape {list(shape)} of {dtype} holds {numel} elements ({numel * itemsize} bytes), "
+            f"more than a process can address ({sys.maxsize} bytes). Check the shape."
+        )
         raise ValueError(msg)
     span = _layout.extent(offset, shape, strides)
     if span is not None and ptr == 0:
-        msg = (f"{api}(): the data pointer is NULL but the shape {list(shape)} has {numel} elements. "
-               f"Pass the address of the memory, or a shape with a zero size.")
+        msg = (
+            f"{api}(): the data pointer is NULL but the shape {list(shape)} has {numel} elements. "
+            f"Pass the address of the memory, or a shape with a zero size."
+        )
         raise ValueError(msg)
     low, high = span if span is not None else (offset, offset - 1)
     start, stop = ptr + low * itemsize, ptr + (high + 1) * itemsize
     if start < 0 or stop > ADDRESS_LIMIT or stop - start > sys.maxsize:
-        msg = (f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} from "
-               f"pointer 0x{ptr:x} reach bytes [{start}, {stop}), outside the address space. "
-               f"Check the pointer, strides and shape.")
+        msg = (
+            f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} from "
+            f"pointer 0x{ptr:x} reach bytes [{start}, {stop}), outside the address space. "
+            f"Check the pointer, strides and shape."
+        )
         raise ValueError(msg)
     if nbytes is None:
         storage = Storage(start, stop - start, device, readonly, owner)
         return Tensor._make(storage, offset - low, shape, strides, dtype)
     if low < 0 or stop - ptr > nbytes:
-        msg = (f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} reach "
-               f"bytes [{low * itemsize}, {(high + 1) * itemsize}) from the pointer, outside the "
-               f"{nbytes} bytes of memory given. Pass a layout that stays inside the memory.")
+        msg = (
+            f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} reach "
+            f"bytes [{low * itemsize}, {(high + 1) * itemsize}) from the pointer, outside the "
+            f"{nbytes} bytes of memory given. Pass a layout that stays inside the memory."
+        )
         raise ValueError(msg)
-    return Tensor._make(Storage(ptr, nbytes, device, readonly, owner), offset, shape, strides, dtype)
+    return Tensor._make(
+        Storage(ptr, nbytes, device, readonly, owner), offset, shape, strides, dtype
+    )
 
 
 def _ints(values: tuple[object, ...] | list[object], api: str, what: str) -> tuple[int, ...]:
@@ -128,13 +147,17 @@ def _typestr_dtype(typestr: object, api: str, name: str) -> DType:
         raise TypeError(msg)
     dtype = BY_TYPESTR.get(typestr[1:]) if typestr[:1] in "<>|=" else None
     if dtype is None:
-        msg = (f"{api}(): {name} typestr {typestr!r} is not supported; tensorbridge takes bool ('|b1'), "
-               f"integers ('<i4', '|u1', ...), floats ('<f2', '<f4', '<f8') and complex ('<c8', '<c16').")
+        msg = (
+            f"{api}(): {name} typestr {typestr!r} is not supported; tensorbridge takes bool ('|b1'), "
+            f"integers ('<i4', '|u1', ...), floats ('<f2', '<f4', '<f8') and complex ('<c8', '<c16')."
+        )
         raise BufferError(msg)
     if dtype.itemsize > 1 and typestr[0] in "<>" and typestr[0] != _NATIVE_ORDER:
         # dlpack.md §8 "Endianness": tensors are native-endian; a byte-swapped view would read garbage.
-        msg = (f"{api}(): {name} typestr {typestr!r} has non-native byte order; tensorbridge needs native "
-               f"order ({_NATIVE_ORDER!r}). Byte-swap the data first (NumPy: a.astype(a.dtype.newbyteorder('=')).")
+        msg = (
+            f"{api}(): {name} typestr {typestr!r} has non-native byte order; tensorbridge needs native "
+            f"order ({_NATIVE_ORDER!r}). Byte-swap the data first (NumPy: a.astype(a.dtype.newbyteorder('='))."
+        )
         raise BufferError(msg)
     return dtype
 
@@ -144,11 +167,19 @@ def _check_descr(iface: dict[str, Any], dtype: DType, api: str, name: str) -> No
     descr = iface.get("descr")
     if descr is None:
         return
-    ok = (isinstance(descr, (list, tuple)) and len(descr) == 1 and isinstance(descr[0], tuple)
-          and len(descr[0]) == 2 and descr[0][0] == "" and isinstance(descr[0][1], str))
+    ok = (
+        isinstance(descr, (list, tuple))
+        and len(descr) == 1
+        and isinstance(descr[0], tuple)
+        and len(descr[0]) == 2
+        and descr[0][0] == ""
+        and isinstance(descr[0][1], str)
+    )
     if not ok or _typestr_dtype(descr[0][1], api, name) is not dtype:
-        msg = (f"{api}(): {name} descr {descr!r} describes a structured or different type than typestr "
-               f"{iface['typestr']!r}; only simple types are supported. Pass each field separately.")
+        msg = (
+            f"{api}(): {name} descr {descr!r} describes a structured or different type than typestr "
+            f"{iface['typestr']!r}; only simple types are supported. Pass each field separately."
+        )
         raise BufferError(msg)
 
 
@@ -158,13 +189,17 @@ def _shape_of(value: object, api: str, name: str) -> tuple[int, ...]:
         raise TypeError(msg)
     shape = _ints(value, api, f"each {name} shape entry")
     if any(s < 0 for s in shape) or len(shape) > _layout.MAX_NDIM:
-        msg = (f"{api}(): {name} shape {list(shape)} is invalid; sizes must be non-negative and there may "
-               f"be at most {_layout.MAX_NDIM} dimensions.")
+        msg = (
+            f"{api}(): {name} shape {list(shape)} is invalid; sizes must be non-negative and there may "
+            f"be at most {_layout.MAX_NDIM} dimensions."
+        )
         raise ValueError(msg)
     return shape
 
 
-def _strides_of(value: object, shape: tuple[int, ...], itemsize: int, api: str, name: str) -> tuple[int, ...]:
+def _strides_of(
+    value: object, shape: tuple[int, ...], itemsize: int, api: str, name: str
+) -> tuple[int, ...]:
     """Byte strides (None: C-contiguous) converted to element strides; each must be whole elements."""
     if value is None:
         return _layout.contiguous_strides(shape)
@@ -173,13 +208,17 @@ def _strides_of(value: object, shape: tuple[int, ...], itemsize: int, api: str, 
         raise TypeError(msg)
     strides = _ints(value, api, f"each {name} stride")
     if len(strides) != len(shape):
-        msg = (f"{api}(): {name} has {len(strides)} strides for {len(shape)} dimensions; got strides "
-               f"{list(strides)} and shape {list(shape)}.")
+        msg = (
+            f"{api}(): {name} has {len(strides)} strides for {len(shape)} dimensions; got strides "
+            f"{list(strides)} and shape {list(shape)}."
+        )
         raise ValueError(msg)
     if any(s % itemsize for s in strides):
         # As NumPy's DLPack export: "DLPack only supports strides which are a multiple of itemsize."
-        msg = (f"{api}(): {name} strides {list(strides)} (bytes) are not all multiples of the itemsize "
-               f"({itemsize}); tensor strides count whole elements. Copy the data to a compact array first.")
+        msg = (
+            f"{api}(): {name} strides {list(strides)} (bytes) are not all multiples of the itemsize "
+            f"({itemsize}); tensor strides count whole elements. Copy the data to a compact array first."
+        )
         raise BufferError(msg)
     return tuple(s // itemsize for s in strides)
 
@@ -194,12 +233,16 @@ def _parse_layout(iface: object, api: str, name: str) -> tuple[dict[str, Any], _
             msg = f"{api}(): {name} has no {key!r} key; got keys {sorted(iface)}. The producer is malformed."
             raise ValueError(msg)
     if iface["version"] not in _VERSIONS[name] or isinstance(iface["version"], bool):
-        msg = (f"{api}(): {name} version {iface['version']!r} is not supported; expected one of "
-               f"{list(_VERSIONS[name])}.")
+        msg = (
+            f"{api}(): {name} version {iface['version']!r} is not supported; expected one of "
+            f"{list(_VERSIONS[name])}."
+        )
         raise BufferError(msg)
     if iface.get("mask") is not None:
-        msg = (f"{api}(): {name} has a 'mask'; masked arrays are not supported. Fill the masked "
-               f"elements and export the data without a mask.")
+        msg = (
+            f"{api}(): {name} has a 'mask'; masked arrays are not supported. Fill the masked "
+            f"elements and export the data without a mask."
+        )
         raise BufferError(msg)
     dtype = _typestr_dtype(iface["typestr"], api, name)
     _check_descr(iface, dtype, api, name)
@@ -211,8 +254,10 @@ def _parse_layout(iface: object, api: str, name: str) -> tuple[dict[str, Any], _
 def _data_pointer(data: object, api: str, name: str) -> tuple[int, bool]:
     """``data`` as the ``(address, read-only flag)`` pair."""
     if not (isinstance(data, tuple) and len(data) == 2):
-        msg = (f"{api}(): {name} 'data' must be a (pointer, read_only) tuple; got {data!r} "
-               f"({type(data).__name__}).")
+        msg = (
+            f"{api}(): {name} 'data' must be a (pointer, read_only) tuple; got {data!r} "
+            f"({type(data).__name__})."
+        )
         raise TypeError(msg)
     ptr = data[0] if type(data[0]) is int else _as_int(data[0], api, f"the {name} data pointer")
     if ptr < 0:
@@ -236,15 +281,34 @@ def import_array_interface(obj: object, iface: object, api: str) -> Tensor:
         ptr, readonly = _data_pointer(data, api, name)
         ref = iface.get("__ref")
         owner = obj if ref is None else (obj, ref)
-        return wrap_memory(ptr, 0, layout.shape, layout.strides, layout.dtype, device=CPU, readonly=readonly,
-                           owner=owner, api=api)
+        return wrap_memory(
+            ptr,
+            0,
+            layout.shape,
+            layout.strides,
+            layout.dtype,
+            device=CPU,
+            readonly=readonly,
+            owner=owner,
+            api=api,
+        )
     held, view = _hold_data_buffer(obj if data is None else data, api, name)
     offset = _as_int(iface.get("offset", 0), api, f"{name} offset")
     if not 0 <= offset <= view.len:
         msg = f"{api}(): {name} offset {offset} lies outside the data buffer of {view.len} bytes."
         raise ValueError(msg)
-    return wrap_memory((view.buf or 0) + offset, 0, layout.shape, layout.strides, layout.dtype, device=CPU,
-                       readonly=bool(view.readonly), owner=(obj, held), api=api, nbytes=view.len - offset)
+    return wrap_memory(
+        (view.buf or 0) + offset,
+        0,
+        layout.shape,
+        layout.strides,
+        layout.dtype,
+        device=CPU,
+        readonly=bool(view.readonly),
+        owner=(obj, held),
+        api=api,
+        nbytes=view.len - offset,
+    )
 
 
 def _hold_data_buffer(data: object, api: str, name: str) -> tuple[object, _capi.Py_buffer]:
@@ -252,8 +316,10 @@ def _hold_data_buffer(data: object, api: str, name: str) -> tuple[object, _capi.
     try:
         return hold_buffer(data, _capi.PY_BUF_SIMPLE)
     except (TypeError, BufferError) as exc:
-        msg = (f"{api}(): {name} gives no (pointer, read_only) 'data', so the data must come from a "
-               f"contiguous buffer, but {type(data).__name__} does not export one: {exc}.")
+        msg = (
+            f"{api}(): {name} gives no (pointer, read_only) 'data', so the data must come from a "
+            f"contiguous buffer, but {type(data).__name__} does not export one: {exc}."
+        )
         raise TypeError(msg) from exc
 
 
@@ -275,17 +341,28 @@ def import_cuda_array_interface(obj: object, iface: object, api: str) -> Tensor:
     driver = _cuda.driver()
     if driver is None:
         if stream is not None:
-            msg = (f"{api}(): {name} asks the consumer to synchronise with stream {stream:#x}, but no CUDA "
-                   f"driver (libcuda) could be loaded to do so. Synchronise the stream in the producer and "
-                   f"export stream=None, or import through __dlpack__.")
+            msg = (
+                f"{api}(): {name} asks the consumer to synchronise with stream {stream:#x}, but no CUDA "
+                f"driver (libcuda) could be loaded to do so. Synchronise the stream in the producer and "
+                f"export stream=None, or import through __dlpack__."
+            )
             raise BufferError(msg)
         index = 0
     else:
         index = driver.pointer_device(ptr, api) if ptr else 0
         if stream is not None:
             driver.synchronize(stream, index, api)
-    return wrap_memory(ptr, 0, layout.shape, layout.strides, layout.dtype, device=Device("cuda", index),
-                       readonly=readonly, owner=obj, api=api)
+    return wrap_memory(
+        ptr,
+        0,
+        layout.shape,
+        layout.strides,
+        layout.dtype,
+        device=Device("cuda", index),
+        readonly=readonly,
+        owner=obj,
+        api=api,
+    )
 
 
 def _cai_stream(stream: object, api: str) -> int | None:
@@ -295,8 +372,10 @@ def _cai_stream(stream: object, api: str) -> int | None:
     value = _as_int(stream, api, "__cuda_array_interface__ stream")
     if value <= 0:
         # CUDA Array Interface v3: "0 is disallowed due to its ambiguity between None and 1".
-        msg = (f"{api}(): __cuda_array_interface__ stream must be None, 1 (legacy default stream), 2 "
-               f"(per-thread default stream) or a cudaStream_t handle; got {value}.")
+        msg = (
+            f"{api}(): __cuda_array_interface__ stream must be None, 1 (legacy default stream), 2 "
+            f"(per-thread default stream) or a cudaStream_t handle; got {value}."
+        )
         raise ValueError(msg)
     return value
 
@@ -338,8 +417,11 @@ def array_interface(t: Tensor) -> dict[str, Any]:
     storage = t._storage
     typestr = t._dtype.typestr
     if typestr is None or not storage.device.is_host_accessible:
-        reason = (f"NumPy has no typestr for {t._dtype}" if typestr is None
-                  else f"the memory is on {storage.device}, not on the host")
+        reason = (
+            f"NumPy has no typestr for {t._dtype}"
+            if typestr is None
+            else f"the memory is on {storage.device}, not on the host"
+        )
         msg = f"__array_interface__: not available, {reason}; use __dlpack__() instead."
         raise AttributeError(msg)
     return interface_dict(t, typestr)
@@ -356,17 +438,23 @@ def cuda_array_interface(t: Tensor) -> dict[str, Any]:
     """
     device = t._storage.device
     if device.type != "cuda":
-        msg = (f"Can't get __cuda_array_interface__ on non-CUDA tensor type: the tensor is on {device}. "
-               f"Use __dlpack__ or __array_interface__ for host memory.")
+        msg = (
+            f"Can't get __cuda_array_interface__ on non-CUDA tensor type: the tensor is on {device}. "
+            f"Use __dlpack__ or __array_interface__ for host memory."
+        )
         raise AttributeError(msg)
     if t.requires_grad:
-        msg = ("Can't get __cuda_array_interface__ on Variable that requires grad. If gradients aren't "
-               "required, use var.detach() to get Variable that doesn't require grad.")
+        msg = (
+            "Can't get __cuda_array_interface__ on Variable that requires grad. If gradients aren't "
+            "required, use var.detach() to get Variable that doesn't require grad."
+        )
         raise RuntimeError(msg)
     typestr = t.dtype.typestr
     if typestr is None:
-        msg = (f"__cuda_array_interface__: {t.dtype} has no array-interface typestr; "
-               f"export it through __dlpack__ instead.")
+        msg = (
+            f"__cuda_array_interface__: {t.dtype} has no array-interface typestr; "
+            f"export it through __dlpack__ instead."
+        )
         raise AttributeError(msg)
     iface = interface_dict(t, typestr)
     iface["stream"] = _CAI_EXPORT_STREAM
@@ -386,7 +474,10 @@ ArrowSchema._fields_ = (
     ("n_children", ctypes.c_int64),
     ("children", ctypes.POINTER(ctypes.POINTER(ArrowSchema))),
     ("dictionary", ctypes.POINTER(ArrowSchema)),
-    ("release", ctypes.c_void_p),  # void (*release)(struct ArrowSchema*): called through _ArrowRelease
+    (
+        "release",
+        ctypes.c_void_p,
+    ),  # void (*release)(struct ArrowSchema*): called through _ArrowRelease
     ("private_data", ctypes.c_void_p),
 )
 
@@ -413,7 +504,10 @@ class ArrowArrayStream(ctypes.Structure):
     """``struct ArrowArrayStream`` (Arrow C stream interface); callbacks kept as raw addresses."""
 
     _fields_ = (
-        ("get_schema", ctypes.c_void_p),  # int (*)(struct ArrowArrayStream*, struct ArrowSchema* out)
+        (
+            "get_schema",
+            ctypes.c_void_p,
+        ),  # int (*)(struct ArrowArrayStream*, struct ArrowSchema* out)
         ("get_next", ctypes.c_void_p),  # int (*)(struct ArrowArrayStream*, struct ArrowArray* out)
         ("get_last_error", ctypes.c_void_p),  # const char* (*)(struct ArrowArrayStream*)
         ("release", ctypes.c_void_p),  # void (*)(struct ArrowArrayStream*)
@@ -432,8 +526,17 @@ _ARROW_ARRAY_STREAM: Final = b"arrow_array_stream"
 
 # Fixed-width primitive formats (Arrow C data interface, "Data type description -- format strings").
 _ARROW_FORMATS: Final[dict[bytes, str]] = {
-    b"c": "int8", b"C": "uint8", b"s": "int16", b"S": "uint16", b"i": "int32", b"I": "uint32",
-    b"l": "int64", b"L": "uint64", b"e": "float16", b"f": "float32", b"g": "float64",
+    b"c": "int8",
+    b"C": "uint8",
+    b"s": "int16",
+    b"S": "uint16",
+    b"i": "int32",
+    b"I": "uint32",
+    b"l": "int64",
+    b"L": "uint64",
+    b"e": "float16",
+    b"f": "float32",
+    b"g": "float64",
 }
 _ARROW_BOOL: Final = b"b"  # bit-packed: one bit per value, so it is unpacked into a copy
 _BITS_TO_BYTES: Final = bytes.maketrans(b"01", b"\x00\x01")
@@ -453,7 +556,9 @@ class _ArrowOwner:
         self.struct: Any = struct
 
     @classmethod
-    def move_from(cls, address: int, struct_type: type[ArrowArray | ArrowArrayStream]) -> _ArrowOwner:
+    def move_from(
+        cls, address: int, struct_type: type[ArrowArray | ArrowArrayStream]
+    ) -> _ArrowOwner:
         owned = struct_type()
         ctypes.memmove(ctypes.addressof(owned), address, ctypes.sizeof(struct_type))
         struct_type.from_address(address).release = None
@@ -476,24 +581,34 @@ def _arrow_dtype(schema: ArrowSchema, api: str) -> DType | None:
         return None
     name = _ARROW_FORMATS.get(fmt)
     if name is None or schema.n_children or schema.dictionary:
-        kind = "dictionary-encoded" if schema.dictionary else f"format {fmt.decode(errors='replace')!r}"
-        msg = (f"{api}(): Arrow {kind} is not a fixed-width primitive type; tensorbridge imports "
-               f"int8..int64, uint8..uint64, float16/32/64 and bool. Cast the array first "
-               f"(pyarrow: arr.cast(pa.int64())) or decode it (arr.dictionary_decode()).")
+        kind = (
+            "dictionary-encoded"
+            if schema.dictionary
+            else f"format {fmt.decode(errors='replace')!r}"
+        )
+        msg = (
+            f"{api}(): Arrow {kind} is not a fixed-width primitive type; tensorbridge imports "
+            f"int8..int64, uint8..uint64, float16/32/64 and bool. Cast the array first "
+            f"(pyarrow: arr.cast(pa.int64())) or decode it (arr.dictionary_decode())."
+        )
         raise BufferError(msg)
     return _dtype.BY_NAME[name]
 
 
 def _check_arrow_array(array: ArrowArray, api: str) -> None:
     if array.n_buffers != 2 or array.n_children or array.length < 0 or array.offset < 0:
-        msg = (f"{api}(): malformed Arrow array for a primitive type: {array.n_buffers} buffers, "
-               f"{array.n_children} children, length {array.length}, offset {array.offset}.")
+        msg = (
+            f"{api}(): malformed Arrow array for a primitive type: {array.n_buffers} buffers, "
+            f"{array.n_children} children, length {array.length}, offset {array.offset}."
+        )
         raise ValueError(msg)
     has_validity = bool(array.buffers[0])
     if array.null_count > 0 or (array.null_count < 0 and has_validity):
         count = "an unknown number of" if array.null_count < 0 else str(array.null_count)
-        msg = (f"{api}(): the Arrow array has {count} nulls; tensors have no validity bitmap. "
-               f"Fill them first (pyarrow.compute.fill_null) or drop them (arr.drop_null()).")
+        msg = (
+            f"{api}(): the Arrow array has {count} nulls; tensors have no validity bitmap. "
+            f"Fill them first (pyarrow.compute.fill_null) or drop them (arr.drop_null())."
+        )
         raise BufferError(msg)
 
 
@@ -505,7 +620,12 @@ def _unpack_bits(ptr: int, offset: int, length: int) -> bytes:
     raw = ctypes.string_at(ptr + first, (offset + length + 7) // 8 - first)
     bits = int.from_bytes(raw, "little") >> (offset % 8)
     # format() writes the most significant bit first: reverse into bitmap order, pad the high zeros.
-    return format(bits, "b")[::-1].ljust(length, "0")[:length].encode("ascii").translate(_BITS_TO_BYTES)
+    return (
+        format(bits, "b")[::-1]
+        .ljust(length, "0")[:length]
+        .encode("ascii")
+        .translate(_BITS_TO_BYTES)
+    )
 
 
 def _arrow_tensor(
@@ -515,15 +635,27 @@ def _arrow_tensor(
     data = array.buffers[1] or 0
     if dtype is None:
         if copy is False:
-            msg = (f"{api}(): an Arrow boolean array is bit-packed and tensors hold one byte per bool, so it "
-                   f"cannot be shared without a copy; got copy=False. Pass copy=None or copy=True.")
+            msg = (
+                f"{api}(): an Arrow boolean array is bit-packed and tensors hold one byte per bool, so it "
+                f"cannot be shared without a copy; got copy=False. Pass copy=None or copy=True."
+            )
             raise ValueError(msg)
         bits = _unpack_bits(data, array.offset, array.length) if data else bytes(array.length)
         return _from_bytes(bits, (array.length,), _dtype.bool), True
     nbytes = (array.offset + array.length) * dtype.itemsize
     # Arrow data is immutable (the C data interface shares it freely), so the view is read-only.
-    view = wrap_memory(data, array.offset, (array.length,), (1,), dtype, device=CPU, readonly=True, owner=owner,
-                       api=api, nbytes=nbytes)
+    view = wrap_memory(
+        data,
+        array.offset,
+        (array.length,),
+        (1,),
+        dtype,
+        device=CPU,
+        readonly=True,
+        owner=owner,
+        api=api,
+        nbytes=nbytes,
+    )
     return view, False
 
 
@@ -579,7 +711,9 @@ def import_arrow_stream(method: Any, copy: bool | None, api: str) -> tuple[Tenso
     released exactly once, also when the import fails.
     """
     capsule = method()  # alive until the move: its destructor releases a stream not yet moved
-    stream = _ArrowOwner.move_from(_capsule_pointer(capsule, _ARROW_ARRAY_STREAM, api), ArrowArrayStream)
+    stream = _ArrowOwner.move_from(
+        _capsule_pointer(capsule, _ARROW_ARRAY_STREAM, api), ArrowArrayStream
+    )
     struct: ArrowArrayStream = stream.struct
     schema = _ArrowOwner(ArrowSchema())
     _stream_call(stream, struct.get_schema, schema.struct, "get_schema", api)
@@ -596,9 +730,11 @@ def import_arrow_stream(method: Any, copy: bool | None, api: str) -> tuple[Tenso
     if len(chunks) == 1:
         return _arrow_tensor(chunks[0].struct, chunks[0], dtype, copy, api)
     if copy is False and chunks:
-        msg = (f"{api}(): the Arrow stream holds {len(chunks)} chunks, which one tensor cannot share "
-               f"without a copy; got copy=False. Pass copy=None, or combine the chunks first "
-               f"(pyarrow: chunked.combine_chunks()).")
+        msg = (
+            f"{api}(): the Arrow stream holds {len(chunks)} chunks, which one tensor cannot share "
+            f"without a copy; got copy=False. Pass copy=None, or combine the chunks first "
+            f"(pyarrow: chunked.combine_chunks())."
+        )
         raise ValueError(msg)
     parts = [_arrow_tensor(c.struct, c, dtype, None, api)[0] for c in chunks]
     joined = b"".join(p._bytes(api) for p in parts)
@@ -621,10 +757,20 @@ def _peer(module: str, api: str) -> Any:
 
 
 # dtypes NumPy lacks, by ml_dtypes name; viewed from an unsigned integer array of the same size.
-_ML_DTYPES: Final = frozenset({
-    "bfloat16", "complex32", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
-    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-})
+_ML_DTYPES: Final = frozenset(
+    {
+        "bfloat16",
+        "complex32",
+        "float8_e3m4",
+        "float8_e4m3",
+        "float8_e4m3b11fnuz",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    }
+)
 _UNSIGNED_TYPESTR: Final = {1: "|u1", 2: f"{_NATIVE_ORDER}u2", 4: f"{_NATIVE_ORDER}u4"}
 
 
@@ -649,26 +795,34 @@ def to_numpy(t: Tensor, *, force: bool = False) -> Any:
     """
     np = _peer("numpy", "numpy")
     if t.requires_grad and not force:
-        msg = "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+        msg = (
+            "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+        )
         raise RuntimeError(msg)
     device = t._storage.device
     if not device.is_host_accessible:
-        msg = (f"numpy(): can't convert {device} device type tensor to numpy; its memory is not "
-               f"host-accessible and tensorbridge does not copy between devices. Export it with "
-               f"__dlpack__ to a library for {device.type}.")
+        msg = (
+            f"numpy(): can't convert {device} device type tensor to numpy; its memory is not "
+            f"host-accessible and tensorbridge does not copy between devices. Export it with "
+            f"__dlpack__ to a library for {device.type}."
+        )
         raise TypeError(msg)
     dtype = t.dtype
     if dtype.typestr is not None:
         return np.asarray(_NumPyExport(t, dtype.typestr))
     if dtype.name not in _ML_DTYPES:
-        msg = (f"numpy(): NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw bytes "
-               f"with t.view(tensorbridge.uint8).numpy().")
+        msg = (
+            f"numpy(): NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw bytes "
+            f"with t.view(tensorbridge.uint8).numpy()."
+        )
         raise TypeError(msg)
     try:
-        import ml_dtypes  # noqa: PLC0415 (an optional peer, loaded only when needed)
+        import ml_dtypes
     except ImportError:
-        msg = (f"numpy(): NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes) to "
-               f"convert it, or view the raw bits with t.view(tensorbridge.uint{dtype.bits}).numpy().")
+        msg = (
+            f"numpy(): NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes) to "
+            f"convert it, or view the raw bits with t.view(tensorbridge.uint{dtype.bits}).numpy()."
+        )
         raise TypeError(msg) from None
     raw = np.asarray(_NumPyExport(t, _UNSIGNED_TYPESTR[dtype.itemsize]))
     return raw.view(getattr(ml_dtypes, dtype.name))
@@ -676,7 +830,9 @@ def to_numpy(t: Tensor, *, force: bool = False) -> Any:
 
 def _has_negative_stride(t: Tensor) -> bool:
     """True when a stride that matters (a dimension of size > 1 in a non-empty tensor) is negative."""
-    return t.numel() > 0 and any(stride < 0 and size > 1 for size, stride in zip(t.shape, t._strides, strict=True))
+    return t.numel() > 0 and any(
+        stride < 0 and size > 1 for size, stride in zip(t.shape, t._strides, strict=True)
+    )
 
 
 def _for_torch(t: Tensor) -> Tensor:
@@ -687,7 +843,9 @@ def _for_torch(t: Tensor) -> Tensor:
     strides = t._strides
     if any(s < 0 for s in strides):
         empty = t.numel() == 0
-        strides = tuple(abs(s) if empty or n == 1 else s for n, s in zip(t.shape, strides, strict=True))
+        strides = tuple(
+            abs(s) if empty or n == 1 else s for n, s in zip(t.shape, strides, strict=True)
+        )
     return Tensor._make(t._storage, t._offset, t._shape, strides, t._dtype)
 
 
@@ -705,20 +863,27 @@ def to_torch(t: Tensor, *, force: bool = False) -> Any:
     torch = _peer("torch", "torch")
     strides = t._strides
     negative = len(strides) > 0 and min(strides) < 0
-    reason = ("it is read-only and PyTorch has no read-only tensors (writes would reach the read-only memory)"
-              if t._storage.readonly else
-              "it has negative strides, which PyTorch cannot represent"
-              if negative and _has_negative_stride(t) else None)
+    reason = (
+        "it is read-only and PyTorch has no read-only tensors (writes would reach the read-only memory)"
+        if t._storage.readonly
+        else "it has negative strides, which PyTorch cannot represent"
+        if negative and _has_negative_stride(t)
+        else None
+    )
     if reason is not None:
         if not force:
-            msg = (f"torch(): cannot share this tensor with PyTorch: {reason}. Pass force=True (or call "
-                   f"clone() first) to give PyTorch a copy.")
+            msg = (
+                f"torch(): cannot share this tensor with PyTorch: {reason}. Pass force=True (or call "
+                f"clone() first) to give PyTorch a copy."
+            )
             raise BufferError(msg)
         src = _for_torch(t).clone()
     else:
         # Exported as it is unless it requires grad (refused by __dlpack__) or has negative strides.
         src = _for_torch(t) if negative or t._requires_grad else t
-    out = _dlpack.exchange_export(src, torch.Tensor)  # no capsule, when torch has the C exchange API
+    out = _dlpack.exchange_export(
+        src, torch.Tensor
+    )  # no capsule, when torch has the C exchange API
     if out is None:
         out = torch.from_dlpack(src)
     return out.requires_grad_(True) if t._requires_grad else out

@@ -56,7 +56,13 @@ class Storage:
     __slots__ = ("__weakref__", "_mv", "_owner", "device", "is_copied", "nbytes", "ptr", "readonly")
 
     def __init__(
-        self, ptr: int, nbytes: int, device: Device, readonly: bool, owner: object, is_copied: bool = False
+        self,
+        ptr: int,
+        nbytes: int,
+        device: Device,
+        readonly: bool,
+        owner: object,
+        is_copied: bool = False,
     ) -> None:
         self.ptr = ptr
         self.nbytes = nbytes
@@ -83,8 +89,10 @@ class Storage:
         mv = self._mv
         if mv is None:
             if not self.device.is_host_accessible:
-                msg = (f"{api}(): the tensor's memory is on {self.device} and cannot be read or written "
-                       f"on the host; export it to a library that runs on {self.device.type} instead.")
+                msg = (
+                    f"{api}(): the tensor's memory is on {self.device} and cannot be read or written "
+                    f"on the host; export it to a library that runs on {self.device.type} instead."
+                )
                 raise BufferError(msg)
             if self.nbytes == 0:
                 mv = memoryview(bytearray(0))
@@ -94,8 +102,10 @@ class Storage:
         return mv
 
     def __repr__(self) -> str:
-        return (f"<Storage ptr=0x{self.ptr:x} nbytes={self.nbytes} device={self.device} "
-                f"readonly={self.readonly} owner={type(self.owner).__name__}>")
+        return (
+            f"<Storage ptr=0x{self.ptr:x} nbytes={self.nbytes} device={self.device} "
+            f"readonly={self.readonly} owner={type(self.owner).__name__}>"
+        )
 
 
 class _Allocation:
@@ -117,8 +127,10 @@ class _Allocation:
 def allocate(nbytes: int, device: Device = CPU) -> Storage:
     """A new zeroed, 64-byte aligned host storage of ``nbytes`` bytes."""
     if not device.is_host_accessible:
-        msg = (f"allocate(): tensorbridge allocates host memory only; cannot allocate on {device}. "
-               f"Create the tensor with a library for {device.type} and import it with from_dlpack().")
+        msg = (
+            f"allocate(): tensorbridge allocates host memory only; cannot allocate on {device}. "
+            f"Create the tensor with a library for {device.type} and import it with from_dlpack()."
+        )
         raise BufferError(msg)
     block = _Allocation(nbytes)
     return Storage(block.ptr, nbytes, CPU, False, block)
