@@ -17,7 +17,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _buffer, _capi
+from tensorbridge import _capi, _exports
 from tensorbridge._device import Device
 from tensorbridge._storage import Storage
 from tensorbridge._tensor import Tensor
@@ -172,7 +172,7 @@ def test_memoryview_keeps_memory_alive():
     assert part.tolist() == [3, 4, 5]
     del churn, part
     gc.collect()
-    assert not _buffer._EXPORTS
+    assert not _exports._VIEWS
 
 
 def test_memoryview_in_a_reference_cycle_is_collected_safely(subprocess_run):
@@ -183,7 +183,7 @@ def test_memoryview_in_a_reference_cycle_is_collected_safely(subprocess_run):
     proc = subprocess_run(
         """
         import gc, tensorbridge as tb
-        from tensorbridge import _buffer
+        from tensorbridge import _exports
         for _ in range(3):
             t = tb.arange(24, dtype=tb.int32)[7:]
             mv = t.as_memoryview()
@@ -192,7 +192,7 @@ def test_memoryview_in_a_reference_cycle_is_collected_safely(subprocess_run):
             cycle.append(cycle)
             del mv, part, cycle, t
             gc.collect()
-        assert not _buffer._EXPORTS, _buffer._EXPORTS
+        assert not _exports._VIEWS, _exports._VIEWS
         print("ok")
         """
     )

@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _cuda, _dlpack
+from tensorbridge import _cuda, _dlpack, _exports
 from tensorbridge._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -965,10 +965,10 @@ def test_abandoned_capsules_are_reaped_by_exports():
     del t
     gc.disable()
     try:
-        for _ in range(2 * _dlpack._REAP_MIN):
+        for _ in range(2 * _exports._PENDING_MIN):
             tb.arange(2).__dlpack__()
         assert alive() is None
-        assert len(_dlpack._PENDING) < 2 * _dlpack._REAP_MIN
+        assert len(_exports._PENDING) < 2 * _exports._PENDING_MIN
     finally:
         gc.enable()
 
@@ -978,12 +978,12 @@ def test_capsules_kept_by_the_caller_are_not_rescanned():
     gc.collect()
     t = tb.arange(4)
     kept = [t.__dlpack__() for _ in range(100)]
-    assert _dlpack._reap_at >= 2 * 64  # doubled past the capsules still held
+    assert _exports._pending_bar >= 2 * 64  # doubled past the capsules still held
     assert all(capsule_name(c) == b"dltensor" for c in kept)
     del kept
     gc.collect()
-    assert len(_dlpack._PENDING) == 0
-    assert _dlpack._reap_at == _dlpack._REAP_MIN
+    assert len(_exports._PENDING) == 0
+    assert _exports._pending_bar == _exports._PENDING_MIN
 
 
 def test_consumed_capsule_is_settled_and_freed_with_its_consumer():
@@ -995,12 +995,12 @@ def test_consumed_capsule_is_settled_and_freed_with_its_consumer():
     view = tb.from_dlpack(cap)
     del t, cap
     gc.collect()
-    assert address not in _dlpack._PENDING
-    assert address in _dlpack._EXPORTS
+    assert address not in _exports._PENDING
+    assert address in _exports._MANAGED
     del view
     gc.collect()
     assert alive() is None
-    assert address not in _dlpack._EXPORTS
+    assert address not in _exports._MANAGED
 
 
 def test_tensorbridge_deleter_runs_once_per_capsule(counting_exporter):

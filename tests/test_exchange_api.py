@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _capi, _dlpack
+from tensorbridge import _capi, _dlpack, _exports
 
 # -------------------------------------------------------------------------------------------------
 # Helpers
@@ -500,7 +500,7 @@ def test_torch_export_through_the_table(torch, fresh_producers, monkeypatch):
     assert len(calls) == 1
     assert x.data_ptr() == t.data_ptr() and x.stride() == (3, 1) and x.dtype == torch.float32
     address = calls[0][0]
-    assert address in _dlpack._EXPORTS and address not in _dlpack._PENDING
+    assert address in _exports._MANAGED and address not in _exports._PENDING
     x[1, 1] = -1
     assert t[1, 1].item() == -1
     del t
@@ -508,7 +508,7 @@ def test_torch_export_through_the_table(torch, fresh_producers, monkeypatch):
     assert x.sum().item() == 10
     del x
     gc.collect()
-    assert address not in _dlpack._EXPORTS
+    assert address not in _exports._MANAGED
 
 
 def test_torch_export_keeps_requires_grad_and_refusals(torch):
@@ -530,4 +530,4 @@ def test_exchange_export_without_a_table_returns_none(crafted):
     torch = pytest.importorskip("torch")
     cuda = tb.from_dlpack(crafted(device=(2, 0), data=0x10000).capsule)
     assert _dlpack.exchange_export(cuda, torch.Tensor) is None
-    assert not _dlpack._EXPORTS or all(entry[1] is not cuda for entry in _dlpack._EXPORTS.values())
+    assert not _exports._MANAGED or all(entry[1] is not cuda for entry in _exports._MANAGED.values())

@@ -72,6 +72,15 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], str]] = {
         sm_view = sm_t[10:]
     """,
     ),
+    "shared memory exported to a module torn down late": (
+        (),
+        """
+        import builtins
+        sl_t = tb.arange(10).share_memory_()
+        builtins.tb_shared_late = [sl_t.as_memoryview(), sl_t.as_memoryview()[1:], sl_t[2:]]
+        del sl_t
+    """,
+    ),
     "crafted producer": (
         (),
         """
@@ -119,6 +128,9 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], str]] = {
         nh_a = np.from_dlpack(tb.arange(10))
         nh_b = np.asarray(tb.arange(4.0)[::-1])
         nh_c = np.from_dlpack(tb.frombuffer(bytearray(16), dtype=tb.float32))
+        nh_shared = tb.arange(10).share_memory_()
+        nh_d = np.frombuffer(nh_shared.as_memoryview(), dtype=np.int64)
+        del nh_shared
     """,
     ),
     "tb holds numpy": (

@@ -15,7 +15,7 @@ import pytest
 from tests.soak import crafted
 
 import tensorbridge as tb
-from tensorbridge import _capi, _dlpack
+from tensorbridge import _capi, _exports
 from tensorbridge import _dlpack_abi as abi
 
 _VALUES = (ctypes.c_float * 4)(1, 2, 3, 4)
@@ -435,11 +435,11 @@ def test_allocation_failure_during_export(monkeypatch: pytest.MonkeyPatch) -> No
     def fail(self: tb.Tensor) -> tb.Tensor:
         raise MemoryError("clone(): out of memory (injected)")
 
-    before = len(_dlpack._EXPORTS) + len(_dlpack._PENDING)
+    before = len(_exports._MANAGED) + len(_exports._PENDING)
     monkeypatch.setattr(tb.Tensor, "clone", fail)
     t = tb.arange(6)[::-1]
     refs = sys.getrefcount(t)
     with pytest.raises(MemoryError, match="injected"):
         t.__dlpack__(max_version=(1, 3))
-    assert len(_dlpack._EXPORTS) + len(_dlpack._PENDING) == before
+    assert len(_exports._MANAGED) + len(_exports._PENDING) == before
     assert sys.getrefcount(t) == refs

@@ -25,14 +25,12 @@ import atexit
 import contextlib
 import ctypes
 import functools
-import gc
 import operator
 import pickle
 import sys
-import weakref
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _capi
+from . import _capi, _exports
 from ._device import CPU
 from ._dtype import ALL_DTYPES, BY_NAME, DType, as_dtype
 from ._interfaces import array_interface
@@ -51,7 +49,6 @@ _WRITABLE_REQUEST: Final = _capi.PY_BUF_SIMPLE | _capi.PY_BUF_WRITABLE
 _READONLY_REQUEST: Final = _capi.PY_BUF_SIMPLE
 
 _make = Tensor._make
-_is_finalizing = sys.is_finalizing
 
 
 # -------------------------------------------------------------------------------------------------
@@ -219,39 +216,6 @@ _BYTE_FORMAT: Final = b"B"
 # PyMemoryView_FromBuffer refuses NULL: a view of zero bytes needs some valid address.
 _EMPTY: Final = ctypes.c_char()
 
-# The private inner views of `_host_memoryview`, each with what it keeps alive (the memory's owner
-# and the shape/strides arrays its manager points at). They are held strongly, never left to the
-# garbage collector: on CPython < 3.13 a memoryview whose base is another memoryview can crash the
-# collector when both sit in unreachable garbage (``mbuf_clear`` releases the base while it is
-# being cleared). An inner view leaves the registry only once no export of it remains, which
-# ``memoryview.release()`` reports by refusing with `BufferError`.
-_EXPORTS: Final[list[tuple[memoryview, object, object, object]]] = []
-_REAP_AT: list[int] = [64]
-# Weak references to the handed-out views, by id (a writable memoryview is unhashable).
-_OUTER_REFS: Final[
-    dict[int, Any]
-] = {}  # next registry size that triggers a reap on export (doubles when kept)
-
-
-def _reap_exports() -> None:
-    """Forget every inner view nothing exports any more (its owner may then free the memory)."""
-    kept = []
-    for entry in _EXPORTS:
-        try:
-            entry[0].release()
-        except BufferError:  # a handed-out view (or a slice of it) still lives
-            kept.append(entry)
-    _EXPORTS[:] = kept
-    _REAP_AT[0] = max(64, 2 * len(kept))
-
-
-def _reap_after_gc(phase: str, _info: dict[str, Any]) -> None:
-    if phase == "stop" and _EXPORTS:
-        _reap_exports()
-
-
-gc.callbacks.append(_reap_after_gc)
-
 
 def _host_memoryview(
     ptr: int, fmt: bytes, itemsize: int, shape: tuple[int, ...], *, readonly: bool, owner: object
@@ -260,11 +224,11 @@ def _host_memoryview(
 
     ``PyMemoryView_FromBuffer`` builds a view with any format and shape (``Zf``, ``e``, shapes
     with zeros: ``memoryview.cast`` makes none of them) but owns nothing. So the view it returns
-    stays private (``inner``, held with ``owner`` in `_EXPORTS`), and the view handed out is a new
-    buffer export of ``inner``: ``pickle.PickleBuffer`` re-exports it, where ``memoryview(inner)``
-    would share inner's unowned buffer manager instead. Every slice, cast or re-export of the
-    result shares a manager that holds an export of ``inner``, so ``owner`` lives at least as long
-    as the last of them; the registry is reaped after each garbage collection and as it grows.
+    stays private (``inner``, held with ``owner`` in the export registry, `_exports`), and the
+    view handed out is a new buffer export of ``inner``: ``pickle.PickleBuffer`` re-exports it,
+    where ``memoryview(inner)`` would share inner's unowned buffer manager instead. Every slice,
+    cast or re-export of the result shares a manager that holds an export of ``inner``, so
+    ``owner`` lives at least as long as the last of them.
     """
     ndim = len(shape)
     nbytes = itemsize
@@ -282,29 +246,12 @@ def _host_memoryview(
     view.shape = shape_array
     view.strides = strides_array
     inner = _capi.PyMemoryView_FromBuffer(view)
-    # `inner` copied shape and strides; keeping the arrays as well means that no pointer left in
-    # its manager's master Py_buffer can ever dangle.
-    if len(_EXPORTS) >= _REAP_AT[0]:
-        _reap_exports()
-    entry = (inner, owner, shape_array, strides_array)
-    _EXPORTS.append(entry)
     outer = memoryview(pickle.PickleBuffer(inner))
-    # The common case, no slice outliving the view: let go as soon as the view dies.
-    _OUTER_REFS[id(outer)] = weakref.ref(outer, lambda _ref, key=id(outer): _forget(key, entry))
+    # Registered only now that `outer` exports `inner`: a reap (any garbage collection, on any
+    # thread) may release every registered inner view that nothing exports. `inner` copied shape
+    # and strides; keeping the arrays as well means no pointer left in its manager can dangle.
+    _exports.hold_view(inner, (owner, shape_array, strides_array), outer)
     return outer
-
-
-def _forget(key: int, entry: tuple[memoryview, object, object, object]) -> None:
-    """The handed-out view died: drop its inner view now unless a slice still exports it."""
-    _OUTER_REFS.pop(key, None)
-    try:
-        entry[0].release()
-    except BufferError:
-        return  # a slice or cast of it lives on; a later reap frees it
-    for i, held in enumerate(_EXPORTS):
-        if held is entry:  # by identity: memoryviews compare by content
-            del _EXPORTS[i]
-            break
 
 
 def buffer_export(t: Tensor, flags: int) -> memoryview:
@@ -492,6 +439,13 @@ _CREATED: Final[dict[str, SharedMemory]] = {}
 _reducer_registered = False
 
 
+def _unlink(name: str) -> None:
+    shm = _CREATED.pop(name, None)
+    if shm is not None:
+        with contextlib.suppress(OSError):  # already unlinked (by hand, or by a resource tracker)
+            shm.unlink()
+
+
 class _SharedBlock:
     """A ``multiprocessing.shared_memory`` segment, mapped and held for one storage.
 
@@ -517,8 +471,9 @@ class _SharedBlock:
         """Bytes in the segment (at least what was asked for; may be rounded up to pages)."""
         return self._shm.size
 
-    def __del__(self) -> None:
-        if _is_finalizing():
+    def __del__(self, _finalizing: Any = sys.is_finalizing, _unlink: Any = _unlink) -> None:
+        # What it calls is bound as defaults: it may run while module globals are being cleared.
+        if _finalizing():
             return  # leak the mapping; the atexit hook has unlinked what this process created
         self._held = None  # PyBuffer_Release first: SharedMemory.close() refuses while exported
         shm = getattr(self, "_shm", None)
@@ -530,13 +485,6 @@ class _SharedBlock:
             return  # someone else still holds the mapping; it goes with them
         if self.creator:
             _unlink(self.name)
-
-
-def _unlink(name: str) -> None:
-    shm = _CREATED.pop(name, None)
-    if shm is not None:
-        with contextlib.suppress(OSError):  # already unlinked (by hand, or by a resource tracker)
-            shm.unlink()
 
 
 @atexit.register

@@ -37,16 +37,13 @@ Deviations from PyTorch (compat.md §2, §3; each one deliberate):
 
 from __future__ import annotations
 
-import atexit
 import ctypes
-import gc
 import inspect
 import struct
 import sys
-import threading
 from typing import Any, Final, TypeVar
 
-from . import _capi, _cuda
+from . import _capi, _cuda, _exports
 from ._device import CPU, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -808,32 +805,11 @@ def _relabel(t: Tensor, target: Device) -> Tensor:
 # Export
 # -------------------------------------------------------------------------------------------------
 
-# Live exports, keyed by the address of the managed struct:
-#   _EXPORTS[address] = (block, tensor, name)  the struct with shape and strides, and the tensor
-#                        that keeps the memory valid, until the consumer calls `_deleter` (or until
-#                        reaped); the capsule's original name;
-#   _PENDING[address] = capsule  while nobody has been seen to consume the capsule.
-_EXPORTS: dict[int, tuple[Any, Tensor, bytes]] = {}
-_PENDING: dict[int, Any] = {}
-_REAP_LOCK: Final = threading.Lock()
-# Exports and young-generation collections reap once this many capsules are pending; after a reap
-# the bar is set to twice what is left, so capsules a caller keeps around cost O(1) per export
-# (amortised) instead of a scan each time. Full collections always reap.
-_REAP_MIN: Final = 16
-_reap_at = _REAP_MIN
-
-
-def _release(
-    address: int, _exports: dict[int, Any] = _EXPORTS, _pending: dict[int, Any] = _PENDING
-) -> None:
-    """What the deleter does: forget the capsule, then drop the block and the tensor."""
-    _pending.pop(address, None)
-    _exports.pop(address, None)
-
-
 @DLPackDeleter
 def _deleter(
-    address: int | None, _finalizing: Any = sys.is_finalizing, _release: Any = _release
+    address: int | None,
+    _finalizing: Any = sys.is_finalizing,
+    _forget: Any = _exports.forget_managed,
 ) -> None:
     """``deleter`` of every managed tensor tensorbridge exports; may run on any thread.
 
@@ -843,61 +819,10 @@ def _deleter(
     """
     if address is None or _finalizing():
         return
-    _release(address)
+    _forget(address)
 
 
 _DELETER_ADDRESS: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
-
-
-def _refcounts(pending: dict[int, Any]) -> list[tuple[int, Any, int]]:
-    """``(address, capsule, references)`` for each pending capsule."""
-    return [
-        (address, capsule, sys.getrefcount(capsule)) for address, capsule in list(pending.items())
-    ]
-
-
-# The references `_refcounts` sees on a capsule held by nothing but the registry, measured with the
-# very same code, so it holds whatever the interpreter's reference-borrowing rules.
-_UNREFERENCED: Final = _refcounts({0: object()})[0][2]
-
-
-def _reap() -> None:
-    """Settle the pending capsules that nothing but the registry refers to any more.
-
-    Renamed ``used_*``: a consumer owns the export and will call the deleter; stop watching it.
-    Still named ``dltensor*``: dropped without being consumed; release it as its deleter would.
-    """
-    global _reap_at  # noqa: PLW0603 (the reaping threshold is module state by nature)
-    if not _REAP_LOCK.acquire(blocking=False):
-        return  # another thread, or a gc callback inside this very reap, is at it
-    try:
-        for address, capsule, refs in _refcounts(_PENDING):
-            if refs > _UNREFERENCED or _PENDING.get(address) is not capsule:
-                continue
-            export = _EXPORTS.get(address)
-            if export is not None and _capi.PyCapsule_IsValid(capsule, export[2]):
-                _release(address)  # still under its own name: never consumed
-            else:
-                _PENDING.pop(address, None)
-        _reap_at = max(_REAP_MIN, 2 * len(_PENDING))
-    finally:
-        _REAP_LOCK.release()
-
-
-def _reap_after_gc(phase: str, info: dict[str, Any]) -> None:
-    if phase == "stop" and _PENDING and (info["generation"] == 2 or len(_PENDING) >= _reap_at):
-        _reap()
-
-
-def _reap_at_exit() -> None:
-    """A last reap while the interpreter is whole; then stop reaping, before modules are cleared."""
-    _reap()
-    if _reap_after_gc in gc.callbacks:
-        gc.callbacks.remove(_reap_after_gc)
-
-
-gc.callbacks.append(_reap_after_gc)
-atexit.register(_reap_at_exit)
 
 
 def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:
@@ -951,8 +876,7 @@ def to_dlpack(tensor: Any) -> Any:
 def _export(  # the __dlpack__ arguments, plus the API name for messages
     t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any, api: str
 ) -> Any:
-    if len(_PENDING) >= _reap_at:
-        _reap()
+    _exports.maybe_reap()
     if t._requires_grad:
         msg = f"{api}(): {_TORCH_GRAD}."
         raise BufferError(msg)
@@ -1091,13 +1015,14 @@ def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> An
     """Write the managed struct, shape and strides into one block; register it; wrap it."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
     address = _new_managed(t, device, versioned, copied, name)
-    capsule = _PENDING[address] = _capi.PyCapsule_New(address, name, None)
+    capsule = _capi.PyCapsule_New(address, name, None)
+    _exports.watch_capsule(address, capsule)
     return capsule
 
 
 def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool, name: bytes) -> int:
     """Write a ``DLManagedTensor(Versioned)`` for ``t``, with its shape and strides, into one
-    block that `_EXPORTS` keeps, with ``t``, until `_deleter` runs; return the block's address."""
+    block that the export registry keeps, with ``t``, until `_deleter` runs; return the block's address."""
     storage = t._storage
     shape, strides = t._shape, t._strides
     ndim = len(shape)
@@ -1161,7 +1086,7 @@ def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool, name:
             f"fields; it cannot be exported. Export a clone() of host memory instead."
         )
         raise BufferError(msg) from None
-    _EXPORTS[address] = (block, t, name)
+    _exports.hold_managed(address, block, t, name)
     return address
 
 
@@ -1186,7 +1111,8 @@ def exchange_export(t: Tensor, cls: type) -> Any:
     except Exception:  # from_dlpack raises the refusal again, in the framework's words
         failed = True
     if failed or not out.value:
-        _release(address)  # forgetting an export twice is harmless, should the framework have too
+        # Forgetting an export twice is harmless, should the framework have done it too.
+        _exports.forget_managed(address)
         return None
     return _capi.steal(out.value)
 

@@ -53,7 +53,6 @@ __all__ = [
     "wrap_memory",
 ]
 
-_is_finalizing = sys.is_finalizing
 
 _NATIVE_ORDER: Final = "<" if sys.byteorder == "little" else ">"
 
@@ -564,10 +563,17 @@ class _ArrowOwner:
         struct_type.from_address(address).release = None
         return cls(owned)
 
-    def release(self) -> None:
+    def release(
+        self,
+        _finalizing: Any = sys.is_finalizing,
+        _prototype: Any = _ArrowRelease,
+        _address: Any = ctypes.addressof,
+    ) -> None:
+        # What it calls is bound as defaults: it runs from __del__, possibly while module globals
+        # are being cleared.
         struct = self.struct
-        if struct.release and not _is_finalizing():
-            _ArrowRelease(struct.release)(ctypes.addressof(struct))
+        if struct.release and not _finalizing():
+            _prototype(struct.release)(_address(struct))
         struct.release = None  # a conforming release does this itself; never call it twice
 
     def __del__(self) -> None:

@@ -36,8 +36,6 @@ ALIGNMENT: Final = 64
 # One past the highest address a pointer can hold on this platform.
 ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
 
-_is_finalizing = sys.is_finalizing
-
 
 class Storage:
     """A byte range ``[ptr, ptr + nbytes)`` on ``device``, kept valid by ``owner``.
@@ -178,10 +176,13 @@ class BufferStorage(_SelfOwned):
         """The exporting object, or None once the buffer is released."""
         return ctypes.cast(self.view.obj, ctypes.py_object).value if self.view.obj else None
 
-    def __del__(self) -> None:
-        if _is_finalizing() or not self.view.obj:
+    def __del__(
+        self, _finalizing: Any = sys.is_finalizing, _release: Any = _capi.PyBuffer_Release
+    ) -> None:
+        # What it calls is bound as defaults: it may run while module globals are being cleared.
+        if _finalizing() or not self.view.obj:
             return  # leak rather than run C-API calls during shutdown
-        _capi.PyBuffer_Release(self.view)
+        _release(self.view)
 
 
 def hold_buffer(obj: object, flags: int) -> tuple[BufferStorage, _capi.Py_buffer]:
@@ -207,8 +208,8 @@ class DLPackStorage(_SelfOwned):
         self.managed = managed  # the DLManagedTensor(Versioned)* handed to the deleter
         self.deleter: Any = None  # a ctypes function pointer, once armed
 
-    def __del__(self) -> None:
+    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
         deleter, self.deleter = self.deleter, None
-        if deleter is None or _is_finalizing():
+        if deleter is None or _finalizing():
             return
         deleter(self.managed)

@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tensorbridge import _capi, _dlpack
+from tensorbridge import _capi, _dlpack, _exports
 from tensorbridge import _dlpack_abi as abi
 
 __all__ = ["PAGE", "ExportCounter", "Fenced", "Managed", "capsule_name", "isolated", "stats"]
@@ -278,8 +278,8 @@ class ExportCounter:
 
     Exports: ``_dlpack._new_capsule`` is wrapped. Releases: the capsule deleter is a ctypes callback
     that consumers call through a C function pointer, so it cannot be replaced; it binds
-    ``_release`` as a default argument, which is wrapped there (``deleter``); the reaper calls the
-    module's ``_release``, wrapped too (``releases`` counts both). ``itertools.count`` makes each
+    ``_exports.forget_managed`` as its ``_forget`` default, which is wrapped there (``deleter``);
+    the reaper calls the module's ``forget_managed``, wrapped too (``releases`` counts both). ``itertools.count`` makes each
     count one atomic C call.
     """
 
@@ -289,29 +289,29 @@ class ExportCounter:
             itertools.count(),
             itertools.count(),
         )
-        new_capsule, release = _dlpack._new_capsule, _dlpack._release
+        new_capsule, release = _dlpack._new_capsule, _exports.forget_managed
         deleter = next(
             r for r in gc.get_referents(_dlpack._deleter) if isinstance(r, types.FunctionType)
         )
-        position = deleter.__code__.co_varnames.index("_release") - deleter.__code__.co_argcount
+        position = deleter.__code__.co_varnames.index("_forget") - deleter.__code__.co_argcount
         exports, releases, deleter_calls = self._exports, self._releases, self._deleter
 
         def counted_export(*args: Any) -> Any:
             next(exports)
             return new_capsule(*args)
 
-        def counted_release(address: int, *args: Any) -> None:
+        def counted_release(address: int, *args: Any) -> object:
             next(releases)
-            release(address, *args)
+            return release(address, *args)
 
-        def counted_deleter_release(address: int, *args: Any) -> None:
+        def counted_deleter_release(address: int, *args: Any) -> object:
             next(deleter_calls)
-            counted_release(address, *args)
+            return counted_release(address, *args)
 
         defaults = list(deleter.__defaults__ or ())
         defaults[position] = counted_deleter_release
         deleter.__defaults__ = tuple(defaults)
-        _dlpack._new_capsule, _dlpack._release = counted_export, counted_release
+        _dlpack._new_capsule, _exports.forget_managed = counted_export, counted_release
 
     @staticmethod
     def _value(counter: itertools.count[int]) -> int:
@@ -328,7 +328,7 @@ class ExportCounter:
     @staticmethod
     def registry() -> int:
         """Exports tensorbridge still holds (not yet released)."""
-        return len(_dlpack._EXPORTS) + len(_dlpack._PENDING)
+        return len(_exports._MANAGED) + len(_exports._PENDING)
 
 
 def isolated(test: Callable[..., None]) -> Callable[..., None]:

@@ -311,7 +311,7 @@ def _exporter_state(exporters: dict[str, Any]) -> dict[str, int]:
 
 
 def _state(counts: crafted.ExportCounter, exporters: dict[str, Any]) -> dict[str, Any]:
-    from tensorbridge import _dlpack
+    from tensorbridge import _exports
 
     return {
         "traced": tracemalloc.get_traced_memory()[0],
@@ -319,7 +319,7 @@ def _state(counts: crafted.ExportCounter, exporters: dict[str, Any]) -> dict[str
         "rss": _rss(),
         "fds": _descriptors(),
         "maps": _mappings(),
-        "registry": len(_dlpack._EXPORTS) + len(_dlpack._PENDING),
+        "registry": len(_exports._MANAGED) + len(_exports._PENDING),
         "exporters": _exporter_state(exporters),
         "crafted": crafted.stats(),
         **counts.counts(),
