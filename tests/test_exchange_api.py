@@ -530,4 +530,6 @@ def test_exchange_export_without_a_table_returns_none(crafted):
     torch = pytest.importorskip("torch")
     cuda = tb.from_dlpack(crafted(device=(2, 0), data=0x10000).capsule)
     assert _dlpack.exchange_export(cuda, torch.Tensor) is None
-    assert not _exports._MANAGED or all(entry[1] is not cuda for entry in _exports._MANAGED.values())
+    assert not _exports._MANAGED or all(
+        entry[1] is not cuda for entry in _exports._MANAGED.values()
+    )

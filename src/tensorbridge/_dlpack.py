@@ -805,6 +805,7 @@ def _relabel(t: Tensor, target: Device) -> Tensor:
 # Export
 # -------------------------------------------------------------------------------------------------
 
+
 @DLPackDeleter
 def _deleter(
     address: int | None,
