@@ -232,7 +232,16 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
 }
 
-_PRELUDE = "import pickle, time\nimport tensorbridge as tb\n"
+# A child that has not exited after this many seconds prints every thread's stack and exits 1, so a
+# hang fails with the evidence. Under CPU starvation an exit is slow, not stuck: all scenarios
+# together take 6-9 s on an idle 2-core machine and 20-30 s with both cores busy elsewhere, most
+# of it importing the peers and, after the atexit hooks, the peers' own C-level finalization.
+_DEADLINE = 240
+_PRELUDE = (
+    "import faulthandler, pickle, time\n"
+    f"faulthandler.dump_traceback_later({_DEADLINE}, exit=True)\n"
+    "import tensorbridge as tb\n"
+)
 # Give daemon threads time to be mid-conversion when the main thread ends.
 _EPILOGUE = "time.sleep(0.05)\n"
 
@@ -247,7 +256,7 @@ def _run(program: str, *options: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=_ROOT,
-        timeout=120,
+        timeout=_DEADLINE + 60,
         check=False,
     )
 
