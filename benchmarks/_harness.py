@@ -44,8 +44,8 @@ QUICK_SIZES = (KiB, GiB)
 _SLOW_FIRST_CALL = 0.02  # seconds: at a big size, a first call slower than this copies
 
 # Optional peers: key -> import name. The pure-Python DLPack packages come last and pydlpack before
-# ctypes-dlpack: both set process-wide ctypes prototypes, and that order keeps both working
-# (dlpack.md §12.1).
+# ctypes-dlpack: both set process-wide prototypes on ctypes.pythonapi, and that order keeps both
+# working.
 PEERS = {
     "numpy": "numpy",
     "torch": "torch",

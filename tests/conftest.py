@@ -72,7 +72,7 @@ def _layout_cases():
     ]
 )
 def layout(request):
-    """A tensorbridge tensor of each layout in the matrix (see style.md §6)."""
+    """A tensorbridge tensor of each layout in the matrix."""
     return request.param, _layout_cases()[request.param]()
 
 

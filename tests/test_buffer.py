@@ -1,5 +1,5 @@
 """frombuffer: PyTorch's validation order and messages, every kind of exporter, and the guarantees
-PyTorch lacks (compat.md §1, F1, F2, F4, F11): the buffer export is held while any view lives,
+PyTorch 2.13 lacks: the buffer export is held while any view lives,
 sizes are checked without overflow, read-only buffers give read-only tensors on every way out.
 
 Where NumPy accepts a case, values and data pointers are compared with ``numpy.frombuffer``.
@@ -22,7 +22,7 @@ import pytest
 import tensorbridge as tb
 from tensorbridge import _capi, _dlpack_abi
 
-B8 = bytes(range(1, 9))  # compat.md §1.2's b'\x01\x02...\x08'
+B8 = bytes(range(1, 9))  # b'\x01\x02...\x08'
 NUMPY_DTYPES = ["uint8", "int16", "int32", "int64", "float32", "float64", "complex128", "bool"]
 
 
@@ -60,7 +60,7 @@ def test_documented_example_reinterprets_bytes():
 
 
 def test_byte_to_int():
-    """int8 [-1, 0, 0, 0, -1, 0, 0, 0] read as int32 is [255, 255] (§9 item 20)."""
+    """int8 [-1, 0, 0, 0, -1, 0, 0, 0] read as int32 is [255, 255] (little-endian)."""
     t = tb.frombuffer(array.array("b", [-1, 0, 0, 0, -1, 0, 0, 0]), dtype=tb.int32)
     assert t.tolist() == [255, 255]
 
@@ -119,7 +119,7 @@ def test_dtype_by_name():
 
 
 # -------------------------------------------------------------------------------------------------
-# Length checks (compat.md §1.2): PyTorch's type and text, verbatim
+# Length checks: PyTorch's type and text, verbatim
 
 _REQUESTED = (
     "requested buffer length ({}) after offset ({} bytes) must not be greater than "
@@ -210,7 +210,7 @@ def test_length_errors_match_torch(buffer, kwargs, text):
     ],
 )
 def test_overflowing_counts_are_rejected(dtype, count):
-    """A count whose byte size wraps a 64-bit size_t is refused (PyTorch accepts it: F2)."""
+    """A count whose byte size wraps a 64-bit size_t is refused (PyTorch 2.13 accepts it)."""
     text = f"requested buffer length ({count} * {dtype.itemsize} bytes)"
     with pytest.raises(ValueError, match=re.escape(text)):
         tb.frombuffer(bytearray(8), dtype=dtype, count=count)
@@ -291,7 +291,7 @@ def test_raw_reinterpretation(dtype):
 
 @pytest.mark.parametrize("np_dtype", NUMPY_DTYPES)
 def test_with_count_and_offset_matches_numpy(np_dtype):
-    """Counts -1..5 (not 0), every aligned offset: values and pointer of np.frombuffer (§9.15)."""
+    """Counts -1..5 (not 0), every aligned offset: values and pointer of np.frombuffer."""
     np = _np()
     arr = np.arange(1, 10).astype(np_dtype)
     dtype = getattr(tb, np_dtype)
@@ -308,7 +308,7 @@ def test_with_count_and_offset_matches_numpy(np_dtype):
 
 @pytest.mark.parametrize("np_dtype", NUMPY_DTYPES)
 def test_invalid_positional_args(np_dtype):
-    """The messages of torch's test_invalid_positional_args, by regex, per dtype (§9.16)."""
+    """The messages of torch's test_invalid_positional_args, by regex, per dtype."""
     np = _np()
     arr = np.arange(1, 10).astype(np_dtype)
     mv = memoryview(arr)
@@ -335,7 +335,7 @@ def test_invalid_positional_args(np_dtype):
 
 @pytest.mark.parametrize("np_dtype", NUMPY_DTYPES)
 def test_shared_buffer(np_dtype):
-    """For each valid (count, offset) tensor and array see each other's writes (§9.17)."""
+    """For each valid (count, offset) tensor and array see each other's writes."""
     np = _np()
     dtype = getattr(tb, np_dtype)
     for count in (-1, 1, 3):
@@ -444,7 +444,7 @@ def test_non_contiguous_is_runtime_error_with_reason(make):
     "obj", [[1, 2], 3, "abc", None, object()], ids=["list", "int", "str", "None", "object"]
 )
 def test_not_a_buffer(obj):
-    """Objects without the buffer protocol: PyTorch's ValueError text (§9.18)."""
+    """Objects without the buffer protocol: PyTorch's ValueError text."""
     text = re.escape("object does not implement Python buffer protocol.")
     with pytest.raises(ValueError, match=text):
         tb.frombuffer(obj, dtype=tb.uint8)
@@ -478,7 +478,7 @@ def test_numpy_arrays():
 
 
 # -------------------------------------------------------------------------------------------------
-# Read-only buffers (F4): read-only tensors, no warning, enforced on every path
+# Read-only buffers: read-only tensors, no warning, enforced on every path
 
 
 def _readonly_ndarray():
@@ -507,7 +507,7 @@ def test_readonly_exporters_give_readonly_tensors_without_warning(name):
 
 
 def test_non_writable_buffer():
-    """bytes: read-only tensor, and writes raise instead of mutating the bytes (§9.19)."""
+    """bytes: read-only tensor, and writes raise instead of mutating the bytes."""
     data = bytes(B8)
     t = tb.frombuffer(data, dtype=tb.uint8)
     with pytest.raises(ValueError, match="read-only"):
@@ -609,7 +609,7 @@ def test_readonly_survives_pickling():
 
 
 # -------------------------------------------------------------------------------------------------
-# The export is held (F1)
+# The export is held (PyTorch releases it at once)
 
 
 def test_bytearray_cannot_be_resized_while_a_view_lives():

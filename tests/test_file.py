@@ -1,4 +1,4 @@
-"""from_file: PyTorch's semantics (compat.md §6) plus os.PathLike names, ``offset=``, a true
+"""from_file: PyTorch 2.13's semantics plus os.PathLike names, ``offset=``, a true
 read-only mapping (``mode="r"``), byte counts in errors, O(1) mapping of huge sparse files, and the
 mapping held open while any view lives.
 """

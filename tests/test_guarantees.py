@@ -1,8 +1,8 @@
-"""One test per safety guarantee of design.md, named after it.
+"""One test per safety guarantee that SECURITY.md states, named after it.
 
-Each test fails when its guarantee is broken (SECURITY.md states them; the soak, thread, exit,
-hostile and fault suites test them at scale). The last one is the ownership rule of design.md's
-architecture, which the others rest on.
+Each test fails when its guarantee is broken (the soak, thread, exit, hostile and fault suites
+test them at scale). The last one is the ownership rule the others rest on: memory has one owner,
+views share it, and the owner releases it exactly once, when the last view dies.
 
 A broken guarantee often crashes rather than fails (a deleter called twice frees twice; a write to a
 read-only mapping faults), so every test runs in a forked child (`crafted.isolated`): a crash fails
@@ -108,7 +108,7 @@ def _unpickle_lie() -> tb.Tensor:
 
 _STORE = (ctypes.c_char * 64)()
 _OVERSIZED = {
-    "frombuffer count 2**62+1 (F2)": lambda: tb.frombuffer(
+    "frombuffer count 2**62+1": lambda: tb.frombuffer(
         bytearray(8), dtype=tb.float32, count=2**62 + 1
     ),
     "frombuffer count wrapping 2**64": lambda: tb.frombuffer(

@@ -2,10 +2,10 @@
 
 Import, `frombuffer`: any object that exports a C-contiguous buffer (bytes, bytearray, memoryview,
 array.array, mmap, ctypes objects, shared memory, ``pickle.PickleBuffer``, NumPy arrays, any C
-extension) becomes a 1-D tensor over the same bytes. Unlike PyTorch (compat.md F1) the export is
+extension) becomes a 1-D tensor over the same bytes. Unlike PyTorch, which releases it at once, the export is
 *held*: the ``Py_buffer`` from ``PyObject_GetBuffer`` is released only when the last view dies, so
 the exporter refuses to resize, close or release its memory while a tensor can still read it.
-Read-only exporters give read-only tensors, without the warning PyTorch emits (F4).
+Read-only exporters give read-only tensors, where PyTorch warns and hands out a writable tensor.
 
 Export: `buffer_export` backs ``Tensor.__buffer__`` (PEP 688: ``memoryview(t)`` on Python 3.12+)
 and ``Tensor.as_memoryview()``. (``Tensor.__array_interface__``, which lets ``numpy.asarray(t)``
@@ -95,7 +95,7 @@ def frombuffer(
         >>> a
         array('i', [-1, 2, 3])
     """
-    # PyTorch's order: argument types, then the buffer, then the lengths (compat.md §1.1).
+    # PyTorch's order: argument types, then the buffer, then the lengths.
     if dtype.__class__ is not DType:
         dtype = as_dtype(dtype, "frombuffer")
     if count.__class__ is not int:
@@ -146,7 +146,7 @@ def _acquire(obj: Any, api: str) -> BufferStorage:
         except Exception:  # any exporter error means "try read-only", as in PyTorch and NumPy
             pass
     # The PYFUNCTYPE binding raised the failed request's error into Python, where it was caught:
-    # no exception is pending when the second request runs (PyTorch retries with one set, F11).
+    # no exception is pending when the second request runs (PyTorch 2.13 retries with one set).
     try:
         storage = BufferStorage(obj, _READONLY_REQUEST)
     except Exception as exc:
@@ -190,7 +190,7 @@ def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
             )
             raise ValueError(msg)
         return remaining // itemsize
-    # Python ints: a huge count cannot wrap into a small request as PyTorch's size_t sum does (F2).
+    # Python ints: a huge count cannot wrap into a small request as PyTorch's size_t sum does.
     if offset + count * itemsize > length:
         msg = (
             f"frombuffer(): requested buffer length ({count} * {itemsize} bytes) after offset "

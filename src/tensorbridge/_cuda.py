@@ -37,7 +37,8 @@ class Driver:
     """The driver entry points tensorbridge uses, bound on a library object of its own.
 
     ``lib`` is a `ctypes.CDLL` loaded for tensorbridge alone, so setting ``restype``/``argtypes`` on
-    its functions affects no other library (unlike ``ctypes.pythonapi``, dlpack.md §12.1). ctypes
+    its functions affects no other library (unlike ``ctypes.pythonapi``, whose prototypes every
+    package in the process shares). ctypes
     releases the GIL during each call, so a stream wait does not block other threads.
     """
 

@@ -10,13 +10,14 @@ dies, the owner dies, and the owner releases the memory:
 Two kinds of storage are their own owner, so that an import builds one object where it would build two
 (imports are the hot path: a few microseconds in all):
 
-* `BufferStorage`  a ``Py_buffer`` export held open; ``PyBuffer_Release`` exactly once (compat.md F1).
+* `BufferStorage`  a ``Py_buffer`` export held open; ``PyBuffer_Release`` exactly once.
 * `DLPackStorage`  an imported DLPack managed tensor; its ``deleter`` called exactly once.
 
 Owners release in ``__del__`` rather than through ``weakref.finalize``: ``__del__`` runs exactly once per
 object (PEP 442), costs nothing at construction (finalize registers a global entry, ~1 µs, on the
 ``from_dlpack`` hot path), and is guarded so that nothing runs once the interpreter is finalising — at that
-point leaking is the only safe choice (NumPy's ``Py_IsInitialized()`` guard, dlpack.md §4).
+point leaking is the only safe choice (NumPy's DLPack deleters make the same choice: they
+do nothing unless ``Py_IsInitialized()``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from ._device import CPU, Device
 
 __all__ = ["ALIGNMENT", "Storage", "allocate"]
 
-# 64 bytes: what JAX needs to import without copying (dlpack.md §12.6), and a cache line.
+# 64 bytes: JAX imports host memory without copying only when it is 64-byte aligned; also a
+# cache line.
 ALIGNMENT: Final = 64
 
 # One past the highest address a pointer can hold on this platform.
