@@ -1016,7 +1016,11 @@ def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> An
     """Write the managed struct, shape and strides into one block; register it; wrap it."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
     address = _new_managed(t, device, versioned, copied, name)
-    capsule = _capi.PyCapsule_New(address, name, None)
+    try:
+        capsule = _capi.PyCapsule_New(address, name, None)
+    except BaseException:  # MemoryError: nobody will ever call the deleter of this struct
+        _exports.forget_managed(address)
+        raise
     _exports.watch_capsule(address, capsule)
     return capsule
 
