@@ -55,6 +55,7 @@ _CELL_KEYS = {
     "reason",
     "calls",
     "notes",
+    "unaligned",
 }
 _OUTCOMES = {"shared", "copied", "refused", "broken", "n/a"}
 
@@ -162,6 +163,28 @@ def test_doctor_uses_the_installed_peers(doctor_json):
         )
 
 
+def test_doctor_shows_jax_alignment_both_ways(doctor_json):
+    """JAX cells are proved over 64-byte-aligned memory, and again over unaligned memory."""
+    # XLA on CPU shares host memory only at a 64-byte boundary and copies the rest: a matrix over
+    # memory wherever the allocator put it changed between identical runs.
+    pytest.importorskip("jax")
+    _, report = doctor_json
+    cells = [c for c in report["matrix"] if c["consumer"] == "jax" and c["outcome"] != "n/a"]
+    assert cells
+    placeable = {
+        "bytearray",
+        "memoryview",
+        "ctypes",
+        "numpy",
+    }  # any address, or placed by the doctor
+    for cell in cells:
+        if cell["producer"] in placeable:
+            assert cell["outcome"] == "shared", cell
+            assert cell["unaligned"] in {"shared", "copied"}, cell
+        if cell["producer"] in {"mmap", "shared_memory", "tensorbridge"}:
+            assert cell["unaligned"] is None, cell  # always aligned: nothing else to test
+
+
 def test_doctor_text_fits_100_columns(full_run):
     """Every line of the text report is at most 100 columns wide."""
     lines = full_run[1].splitlines()
@@ -245,7 +268,7 @@ def test_doctor_reports_a_placeholder_as_broken_without_crashing():
 def test_progress_appears_only_after_a_second():
     """The progress line is written only once the run has taken more than a second."""
     stream = io.StringIO()
-    progress = _doctor._Progress(True, stream)
+    progress = _doctor._Progress(True, stream, ticking=False)
     progress("early")
     assert stream.getvalue() == ""
     progress.start -= 2.0

@@ -1,8 +1,12 @@
 """The command line: ``python -m tensorbridge [doctor | bench] [options]`` (``doctor`` by default).
 
 ``doctor`` checks what this interpreter can exchange and exits 1 only when tensorbridge breaks one
-of its own guarantees. ``bench`` runs the scripts in ``benchmarks/`` (shipped in the wheel as
-``tensorbridge/_benchmarks``): per-call overhead of tensorbridge next to its peers, in one process.
+of its own guarantees (2 for a usage error). ``bench`` runs the scripts in ``benchmarks/`` (shipped
+in the wheel as ``tensorbridge/_benchmarks``): per-call overhead of tensorbridge next to its peers,
+in one process.
+
+A closed output (``doctor | head -3``) ends the command quietly, as other command-line tools do,
+with the exit status the command had reached: the doctor's verdict, or 0 for ``bench``.
 """
 
 from __future__ import annotations
@@ -21,10 +25,30 @@ __all__ = ["main"]
 _COMMANDS = ("doctor", "bench")
 
 
+def _known_peers() -> tuple[str, ...]:
+    from ._doctor import PEERS
+
+    return PEERS
+
+
 def _peer_list(text: str) -> tuple[str, ...]:
-    """``"numpy,torch"`` -> ("numpy", "torch"); ``"none"`` or ``""`` -> () (no peer)."""
+    """``"numpy,torch"`` -> ("numpy", "torch"); ``"none"`` or ``""`` -> () (no peer).
+
+    Raises:
+        argparse.ArgumentTypeError: a name the doctor does not exchange with.
+    """
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    return () if names in ((), ("none",), ("stdlib",)) else names
+    if names in ((), ("none",), ("stdlib",)):
+        return ()
+    known = _known_peers()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        msg = (
+            f"unknown peer {unknown[0]!r}; the doctor exchanges with "
+            f"{', '.join(known)}, or 'none' for the standard library only"
+        )
+        raise argparse.ArgumentTypeError(msg)
+    return names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,21 +95,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _doctor(args: argparse.Namespace) -> int:
+def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from . import _doctor
 
     peers = args.peers
     if peers is None and os.environ.get("TB_DOCTOR_PEERS"):
-        peers = _peer_list(os.environ["TB_DOCTOR_PEERS"])
+        try:
+            peers = _peer_list(os.environ["TB_DOCTOR_PEERS"])
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"TB_DOCTOR_PEERS: {exc}")  # exits 2, as for a bad --peers
     options = _doctor.Options(
         peers=peers, progress=args.progress or sys.stderr.isatty(), child_checks=not args.no_child
     )
     report = _doctor.run(options)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        sys.stdout.write(_doctor.render(report))
-    return 0 if report.ok else 1
+    status = 0 if report.ok else 1
+    text = json.dumps(report.to_json(), indent=2) + "\n" if args.json else _doctor.render(report)
+    _emit(text)  # a closed output keeps the verdict: the status does not depend on the reader
+    return status
 
 
 def _benchmarks() -> ModuleType:
@@ -123,12 +149,55 @@ def _bench(argv: list[str]) -> int:
     return int(harness.main(argv, scripts, prog="python -m tensorbridge bench"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line and return the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in (*_COMMANDS, "-h", "--help"):
-        argv.insert(0, "doctor")
+def _silence_stdout() -> None:
+    """Point stdout at the null device after its reader went away.
+
+    Python flushes stdout again at exit; with the pipe closed that flush would print "Exception
+    ignored ... BrokenPipeError" and turn the exit status into 120.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (stdout was replaced)
+        pass
+
+
+def _emit(text: str) -> bool:
+    """Write ``text`` to stdout and flush; False (and stdout silenced) when the reader is gone."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        return False
+    return True
+
+
+def _run(argv: list[str]) -> int:
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "doctor")  # no command, or the doctor's options: the default command
     if argv[0] == "bench":
-        return _bench(argv[1:])
-    args = _parser().parse_args(argv)
-    return _doctor(args)
+        try:
+            return _bench(argv[1:])
+        except BrokenPipeError:  # bench has no verdict: the reader just stopped reading
+            _silence_stdout()
+            return 0
+    parser = _parser()
+    args = parser.parse_args(argv)  # an unknown command: argparse's "invalid choice", status 2
+    return _doctor(parser, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line and return the exit status.
+
+    0: done (for ``doctor``: tensorbridge kept every guarantee checked); 1: ``doctor`` found a
+    broken guarantee; 2: a usage error. A reader that closes the output early changes none of
+    these: the command stops writing and returns the status it had reached.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        status = _run(argv)
+    finally:  # also for argparse's SystemExit (--help, usage errors)
+        _emit("")
+    return status

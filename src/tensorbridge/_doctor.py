@@ -35,12 +35,13 @@ import platform
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, TextIO, cast
 
@@ -50,10 +51,15 @@ from . import _capi, _dlpack_abi
 from ._dtype import ALL_DTYPES, from_format
 from ._tensor import _from_bytes
 
-__all__ = ["Options", "Report", "find_libraries", "run"]
+__all__ = ["PEERS", "Options", "Report", "find_libraries", "run"]
 
 WIDTH: Final = 100  # the output fits a 100-column terminal
 _N: Final = 8  # elements per test tensor
+# The doctor allocates producer memory at this alignment (and, for consumers whose outcome depends
+# on it, also at an address that is not), so that a run's matrix does not depend on where the
+# allocator happened to put a buffer: JAX on CPU shares only 64-byte-aligned memory.
+_ALIGN: Final = 64
+_TRIES: Final = 64  # allocations tried for a wanted alignment before giving up
 _PACKAGE_DIR: Final = str(Path(__file__).resolve().parent)
 _OWN_FILES: Final = frozenset({str(Path(__file__).resolve()), str(Path(_PACKAGE_DIR, "_cli.py"))})
 
@@ -193,6 +199,10 @@ class Side:
     label = "?"
     protocol = "buffer"  # what it consumes: "dlpack", "buffer" or "both"
     has_readonly = True  # False where the library has no read-only arrays at all (PyTorch)
+    # The alignment every allocation of this producer has (0: whatever the allocator gives), and
+    # the alignment this consumer needs to share memory instead of copying it (0: none).
+    fixed_alignment = 0
+    needs_alignment = 0
 
     def devices(self) -> tuple[str, ...]:
         return ("cpu",)
@@ -203,6 +213,11 @@ class Side:
     def make(self, dtype: str, raw: bytes, device: str) -> Any:
         msg = f"{self.label} cannot make {dtype} on {device}"
         raise _Unavailable(msg)
+
+    def place(self, dtype: str, raw: bytes, aligned: bool) -> Any:
+        """Like `make` on the CPU, with the memory placed 64-byte aligned (or, with ``aligned``
+        False, 16 bytes past a 64-byte boundary); None where this side cannot choose."""
+        return None
 
     def release(self, x: Any) -> None:
         """Give back what `make` took (close a map, unlink shared memory)."""
@@ -224,7 +239,13 @@ class Side:
         with memoryview(x) as mv:
             return mv.readonly
 
-    def consume(self, obj: Any) -> tuple[Any, str]:
+    def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
+        """The calls this library's users make to import ``obj``, in the order the doctor tries
+        them (a later one only after an earlier one refused).
+
+        Raises:
+            _Unavailable: none of them applies to ``obj``.
+        """
         msg = f"{self.label} takes no {type(obj).__name__}"
         raise _Unavailable(msg)
 
@@ -242,11 +263,15 @@ class _Stdlib(Side):
         dtype: str,
         factory: Callable[[bytes], Any],
         release: Callable[[Any], None] | None = None,
+        fixed_alignment: int = 0,
+        placer: Callable[[bytes, bool], Any] | None = None,
     ) -> None:
         self.key = self.label = key
         self.dtype = dtype
         self._factory = factory
         self._release = release
+        self.fixed_alignment = fixed_alignment
+        self._placer = placer
 
     def dtypes(self) -> tuple[str, ...]:
         return (self.dtype,)
@@ -255,6 +280,11 @@ class _Stdlib(Side):
         if dtype != self.dtype or device != "cpu":
             return super().make(dtype, raw, device)
         return self._factory(raw)
+
+    def place(self, dtype: str, raw: bytes, aligned: bool) -> Any:
+        if self._placer is None or dtype != self.dtype:
+            return None
+        return self._placer(raw, aligned)
 
     def release(self, x: Any) -> None:
         if self._release is not None:
@@ -267,8 +297,33 @@ def _mmap(raw: bytes) -> mmap.mmap:
     return m
 
 
+def _skip(address: int, aligned: bool) -> int:
+    """Bytes from ``address`` to a 64-byte boundary, or (``aligned`` False) 16 bytes past one."""
+    return -address % _ALIGN + (0 if aligned else 16)
+
+
 def _ctypes_array(raw: bytes) -> Any:
     return (ctypes.c_int32 * (len(raw) // 4)).from_buffer_copy(raw)
+
+
+def _ctypes_placed(raw: bytes, aligned: bool) -> Any:
+    # A ctypes array over a larger ctypes block (it keeps the block alive): ctypes' own small
+    # allocations come from pools whose blocks never start on a 64-byte boundary.
+    block = (ctypes.c_char * (len(raw) + 2 * _ALIGN))()
+    x = (ctypes.c_int32 * (len(raw) // 4)).from_buffer(
+        block, _skip(ctypes.addressof(block), aligned)
+    )
+    ctypes.memmove(x, raw, len(raw))
+    return x
+
+
+def _memoryview_placed(raw: bytes, aligned: bool) -> memoryview:
+    block = bytearray(len(raw) + 2 * _ALIGN)
+    with memoryview(block) as whole:
+        start = _skip(_buffer_address(whole), aligned)
+    view = memoryview(block)[start : start + len(raw)]
+    view[:] = raw
+    return view
 
 
 def _array(raw: bytes) -> array.array[int]:
@@ -301,10 +356,16 @@ def _stdlib_producers() -> list[Side]:
     return [
         _Stdlib("bytes", "uint8", bytes),
         _Stdlib("bytearray", "uint8", bytearray),
-        _Stdlib("memoryview", "uint8", lambda raw: memoryview(bytearray(raw)), release),
+        _Stdlib(
+            "memoryview",
+            "uint8",
+            lambda raw: memoryview(bytearray(raw)),
+            release,
+            placer=_memoryview_placed,
+        ),
         _Stdlib("array", "int32", _array),
-        _Stdlib("mmap", "uint8", _mmap, close),
-        _Stdlib("ctypes", "int32", _ctypes_array),
+        _Stdlib("mmap", "uint8", _mmap, close, mmap.PAGESIZE),
+        _Stdlib("ctypes", "int32", _ctypes_array, placer=_ctypes_placed),
         _SharedMemorySide(),
     ]
 
@@ -313,7 +374,7 @@ class _SharedMemorySide(_Stdlib):
     """``multiprocessing.shared_memory``: the producer is the block's ``.buf``."""
 
     def __init__(self) -> None:
-        super().__init__("shared_memory", "uint8", _SharedMemoryBuffer)
+        super().__init__("shared_memory", "uint8", _SharedMemoryBuffer, None, mmap.PAGESIZE)
         self._blocks: dict[int, _SharedMemoryBuffer] = {}
 
     def make(self, dtype: str, raw: bytes, device: str) -> Any:
@@ -331,11 +392,11 @@ class _MemoryviewSide(Side):
 
     key = label = "memoryview"
 
-    def consume(self, obj: Any) -> tuple[Any, str]:
-        try:
-            return memoryview(obj), "memoryview"
-        except TypeError as exc:
-            raise _Unavailable(str(exc)) from None
+    def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
+        if not _is_buffer(obj):
+            msg = f"memoryview: a bytes-like object is required, not {type(obj).__name__!r}"
+            raise _Unavailable(msg)
+        return [("memoryview", lambda: memoryview(obj))]
 
     def dtype_of(self, x: Any) -> str | None:
         return _format_dtype(x)
@@ -344,6 +405,7 @@ class _MemoryviewSide(Side):
 class _TensorbridgeSide(Side):
     key = label = "tensorbridge"
     protocol = "both"
+    fixed_alignment = _ALIGN  # tensorbridge allocates 64-byte-aligned memory
 
     def dtypes(self) -> tuple[str, ...]:
         return tuple(d.name for d in ALL_DTYPES)
@@ -406,6 +468,15 @@ class _NumpySide(Side):
             return super().make(dtype, raw, device)
         return self.np.frombuffer(raw, dtype=self._dtypes[dtype]).copy()
 
+    def place(self, dtype: str, raw: bytes, aligned: bool) -> Any:
+        if dtype not in self._dtypes:
+            return None
+        np = self.np
+        block = np.zeros(len(raw) + 2 * _ALIGN, dtype=np.uint8)
+        start = _skip(int(block.ctypes.data), aligned)
+        block[start : start + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        return block[start : start + len(raw)].view(self._dtypes[dtype])
+
     def read(self, x: Any) -> bytes:
         return bytes(x.tobytes())
 
@@ -425,10 +496,27 @@ class _NumpySide(Side):
     def readonly(self, x: Any) -> bool | None:
         return not x.flags.writeable
 
-    def consume(self, obj: Any) -> tuple[Any, str]:
+    def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
+        np = self.np
+        found: list[tuple[str, Callable[[], Any]]] = []
         if hasattr(obj, "__dlpack__"):
-            return self.np.from_dlpack(obj), "np.from_dlpack"
-        return self.np.frombuffer(obj, dtype=self._dtypes[_format_dtype(obj)]), "np.frombuffer"
+            found.append(("np.from_dlpack", lambda: np.from_dlpack(obj)))
+        if _is_buffer(obj):
+            found.append(
+                (
+                    "np.frombuffer",
+                    lambda: np.frombuffer(obj, dtype=self._dtypes[_format_dtype(obj)]),
+                )
+            )
+        found.append(("np.asarray", lambda: self._asarray(obj)))
+        return found
+
+    def _asarray(self, obj: Any) -> Any:
+        y = self.np.asarray(obj)
+        if y.dtype == object:  # NumPy wraps what it cannot read in an object array
+            msg = f"np.asarray made an object array of {type(obj).__name__}"
+            raise _Unavailable(msg)
+        return y
 
 
 class _TorchSide(Side):
@@ -477,16 +565,20 @@ class _TorchSide(Side):
     def readonly(self, x: Any) -> bool | None:
         return None
 
-    def consume(self, obj: Any) -> tuple[Any, str]:
+    def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
+        torch = self.torch
         if hasattr(obj, "__dlpack__"):
-            return self.torch.from_dlpack(obj), "torch.from_dlpack"
-        return self.torch.frombuffer(
-            obj, dtype=self._dtypes[_format_dtype(obj)]
-        ), "torch.frombuffer"
+            return [("torch.from_dlpack", lambda: torch.from_dlpack(obj))]
+        if not _is_buffer(obj):
+            msg = f"torch takes no {type(obj).__name__}"
+            raise _Unavailable(msg)
+        dtype = self._dtypes[_format_dtype(obj)]
+        return [("torch.frombuffer", lambda: torch.frombuffer(obj, dtype=dtype))]
 
 
 class _JaxSide(Side):
     key, label, protocol = "jax", "jax", "dlpack"
+    needs_alignment = 64  # XLA on CPU copies memory that is not 64-byte aligned
 
     def __init__(self) -> None:
         self.jax = importlib.import_module("jax")
@@ -536,15 +628,15 @@ class _JaxSide(Side):
     def readonly(self, x: Any) -> bool | None:
         return True
 
-    def consume(self, obj: Any) -> tuple[Any, str]:
+    def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
         if not hasattr(obj, "__dlpack__"):
             msg = "jax imports DLPack producers only"
             raise _Unavailable(msg)
-        return self.jnp.from_dlpack(obj), "jnp.from_dlpack"
+        return [("jnp.from_dlpack", lambda: self.jnp.from_dlpack(obj))]
 
     def copy_note(self, address: int) -> str | None:
-        if address % 64:  # dlpack.md §12.6
-            return "jax copies memory that is not 64-byte aligned"
+        if address % self.needs_alignment:
+            return f"jax copies memory that is not {self.needs_alignment}-byte aligned"
         return None
 
 
@@ -606,11 +698,11 @@ class _PyArrowSide(Side):
     def readonly(self, x: Any) -> bool | None:
         return not x.is_mutable if isinstance(x, self.pa.Buffer) else True
 
-    def consume(self, obj: Any) -> tuple[Any, str]:
+    def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
         if hasattr(obj, "__dlpack__") and not _is_buffer(obj):
             msg = "pyarrow imports buffers, not DLPack"
             raise _Unavailable(msg)
-        return self.pa.py_buffer(obj), "pa.py_buffer"
+        return [("pa.py_buffer", lambda: self.pa.py_buffer(obj))]
 
 
 class _CupySide(Side):
@@ -653,11 +745,11 @@ class _CupySide(Side):
     def readonly(self, x: Any) -> bool | None:
         return None
 
-    def consume(self, obj: Any) -> tuple[Any, str]:
+    def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
         if not hasattr(obj, "__dlpack__"):
             msg = "cupy imports DLPack producers only"
             raise _Unavailable(msg)
-        return self.cupy.from_dlpack(obj), "cupy.from_dlpack"
+        return [("cupy.from_dlpack", lambda: self.cupy.from_dlpack(obj))]
 
 
 def _handoff(c: Side, t: Any, calls: list[str]) -> Any:
@@ -692,6 +784,7 @@ _SIDES: Final[dict[str, Callable[[], Side]]] = {
     "pyarrow": _PyArrowSide,
     "cupy": _CupySide,
 }
+PEERS: Final = tuple(_SIDES)  # the names ``--peers`` accepts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -713,7 +806,12 @@ class Cell:
         blame: who refused or broke it (a side key), or None.
         reason: the exception or the mismatch, one line.
         calls: the entry points used (``"tb.from_dlpack -> torch.from_dlpack"``).
-        notes: what else was seen (warnings, a writable view of read-only memory).
+        notes: what else was seen (warnings, a writable view of read-only memory, the entry
+            points the consumer refused before the one in ``calls`` took the object).
+        unaligned: the outcome over producer memory that is not 64-byte aligned, for consumers
+            that share only aligned memory (JAX) and producers that can make such memory; None
+            where not tested. ``outcome`` is always over 64-byte-aligned memory where the
+            producer can make it.
     """
 
     producer: str
@@ -727,6 +825,7 @@ class Cell:
     reason: str | None = None
     calls: str = ""
     notes: list[str] = field(default_factory=list)
+    unaligned: str | None = None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -785,17 +884,83 @@ class _Exchange:
     def __init__(self, tbside: _TensorbridgeSide) -> None:
         self.tb = tbside
 
-    def run(self, p: Side, c: Side, device: str, route: str, dtype: str) -> Cell:
+    def run(
+        self, p: Side, c: Side, device: str, route: str, dtype: str, *, unaligned: bool = False
+    ) -> Cell:
+        """One cell over producer memory that is 64-byte aligned wherever the producer allows.
+
+        With ``unaligned`` and a consumer that shares only aligned memory, the exchange runs again
+        over memory that is not aligned (where the producer can make such memory), and the cell
+        keeps that outcome too: both are facts of the same pair, and each is reproducible.
+        """
+        cell = self._run(p, c, device, route, dtype, aligned=True)
+        assert cell is not None  # an aligned run always gives a cell
+        if not (unaligned and c.needs_alignment and device == "cpu") or cell.outcome == NONE:
+            return cell
+        other = self._run(p, c, device, route, dtype, aligned=False)
+        if other is None:  # this producer's memory is always aligned
+            return cell
+        cell.unaligned = other.outcome
+        if other.outcome == BROKEN and cell.outcome != BROKEN:
+            cell.outcome, cell.blame = BROKEN, other.blame
+            cell.reason = f"over memory that is not {_ALIGN}-byte aligned: {other.reason}"
+        elif other.outcome != cell.outcome:
+            why = [n for n in other.notes if n not in cell.notes] or [other.reason or ""]
+            cell.notes.append(
+                f"{'; '.join(filter(None, why))}: {cell.outcome} over {_ALIGN}-byte-aligned "
+                f"memory (as the doctor allocates it), {other.outcome} over memory that is not"
+            )
+        return cell
+
+    def _make(self, p: Side, dtype: str, raw: bytes, device: str, aligned: bool) -> Any:
+        """A producer object whose memory is (or, with ``aligned`` False, is not) 64-byte aligned.
+
+        A side that can place its memory does (`Side.place`). For the others the doctor allocates
+        until it gets the alignment it wants: small blocks land on any 16-byte boundary, and the
+        misses are kept alive meanwhile so that each try gets a new address. Returns None when no
+        try gave the wanted alignment.
+        """
+        if device != "cpu":  # device allocators align to at least 256 bytes
+            return p.make(dtype, raw, device) if aligned else None
+        if p.fixed_alignment:
+            if (p.fixed_alignment % _ALIGN == 0) != aligned:
+                return None
+            return p.make(dtype, raw, device)
+        placed = p.place(dtype, raw, aligned)
+        if placed is not None:
+            return placed
+        missed: list[Any] = []
+        try:
+            for _ in range(_TRIES):
+                x = p.make(dtype, bytes(bytearray(raw)), device)  # a new copy: a new address
+                if (p.address(x) % _ALIGN == 0) == aligned:
+                    return x
+                missed.append(x)
+            return None
+        finally:
+            for x in missed:
+                p.release(x)
+
+    def _run(
+        self, p: Side, c: Side, device: str, route: str, dtype: str, *, aligned: bool
+    ) -> Cell | None:
         cell = Cell(p.key, c.key, device, route, dtype)
         raw = _pattern(getattr(tb, dtype))
         try:
-            x = p.make(dtype, raw, device)
+            x = self._make(p, dtype, raw, device, aligned)
+            if x is None and aligned:  # the allocator never gave aligned memory: say so
+                x = p.make(dtype, raw, device)
+                cell.notes.append(f"{p.key} gave no {_ALIGN}-byte-aligned memory in {_TRIES} tries")
         except _Unavailable as exc:
             cell.reason = str(exc)
             return cell
-        except Exception as exc:  # a producer's failure is its own
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a producer's failure is its own
             cell.reason, cell.blame = _one_line(exc), p.key
             return cell
+        if x is None:
+            return None
         flow = _Flow(p, x, c, t=x if p is self.tb else None)
         try:
             with warnings.catch_warnings(record=True) as caught:
@@ -803,11 +968,12 @@ class _Exchange:
                 self._exchange(cell, flow)
             cell.notes += sorted({_warning_text(w) for w in caught})
         finally:
+            in_path = self._in_path(cell, flow)
             flow.t = flow.y = None  # drop every view before the producer lets go of its memory
-            self._release(cell, p, x)
+            self._release(cell, p, x, in_path)
         return cell
 
-    def _release(self, cell: Cell, p: Side, x: Any) -> None:
+    def _release(self, cell: Cell, p: Side, x: Any, in_path: bool) -> None:
         try:
             p.release(x)
         except BufferError:
@@ -815,7 +981,11 @@ class _Exchange:
             try:
                 p.release(x)
             except BufferError as exc:
-                self._break(cell, f"{p.key}'s export is still held after every view died ({exc})")
+                if in_path:
+                    held = f"{p.key}'s export is still held after every view died ({exc})"
+                    self._break(cell, held)
+                else:  # no tensorbridge object was involved: the consumer keeps the export
+                    cell.notes.append(f"{cell.consumer} still holds {p.key}'s buffer export")
 
     def _break(self, cell: Cell, reason: str) -> None:
         cell.outcome, cell.blame, cell.reason = BROKEN, "tensorbridge", reason
@@ -825,30 +995,68 @@ class _Exchange:
 
     def _exchange(self, cell: Cell, flow: _Flow) -> None:
         through = cell.route == "tensorbridge"
-        stage = "import"
         calls: list[str] = []
         try:
             if flow.t is None and (through or flow.c is self.tb):
                 flow.t, call = self.tb.consume(flow.x)
                 calls.append(call)
-            stage = "export"
-            if flow.c is self.tb:
-                flow.y = flow.t
-            else:
-                given = _handoff(flow.c, flow.t, calls) if through else flow.x
-                flow.y, call = flow.c.consume(given)
-                calls.append(call)
         except _Unavailable as exc:
             cell.reason = str(exc)
             return
-        except Exception as exc:  # every failure is classified and reported
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # every failure is classified and reported
             cell.calls = " -> ".join(calls)
-            self._failed(cell, exc, stage, flow)
+            self._failed(cell, exc, "import", flow)
             return
+        if flow.c is self.tb:
+            flow.y = flow.t
+        else:
+            given = _handoff(flow.c, flow.t, calls) if through else flow.x
+            if not self._consume(cell, flow, given, calls):
+                return
         cell.calls = " -> ".join(calls)
         self._prove(cell, flow)
 
-    def _failed(self, cell: Cell, exc: Exception, stage: str, flow: _Flow) -> None:
+    def _consume(self, cell: Cell, flow: _Flow, given: Any, calls: list[str]) -> bool:
+        """Import ``given`` through the consumer's entry points in turn, as its users would: the
+        first that takes it wins, and the refusals before it become notes. False when none took it
+        (or one broke a guarantee); the cell then says why."""
+        try:
+            points = flow.c.entry_points(given)
+        except _Unavailable as exc:
+            cell.reason = str(exc)
+            return False
+        refusals: list[Cell] = []
+        for name, call in points:
+            try:
+                flow.y = call()
+            except _Unavailable as exc:
+                cell.reason = str(exc)
+                continue
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                tried = replace(cell, notes=[], calls=" -> ".join([*calls, name]))
+                self._failed(tried, exc, "export", flow)
+                if tried.outcome == BROKEN:  # no other entry point excuses a broken guarantee
+                    cell.outcome, cell.blame, cell.reason = BROKEN, tried.blame, tried.reason
+                    cell.calls = tried.calls
+                    return False
+                refusals.append(tried)
+                continue
+            calls.append(name)
+            cell.reason = None
+            cell.notes += [_refusal_note(r) for r in refusals]
+            return True
+        if refusals:
+            first = refusals[0]
+            cell.outcome, cell.blame, cell.reason = first.outcome, first.blame, first.reason
+            cell.calls = first.calls
+            cell.notes += [_refusal_note(r) for r in refusals[1:]]
+        return False
+
+    def _failed(self, cell: Cell, exc: BaseException, stage: str, flow: _Flow) -> None:
         """Who refused: the producer (it cannot export this), the consumer, or tensorbridge."""
         cell.reason = _one_line(exc)
         if not self._in_path(cell, flow):
@@ -931,9 +1139,38 @@ class _Exchange:
             note = f"{c.key} has no read-only arrays: it can write into read-only {p.key} memory"
             cell.notes.append(note)
         elif c.readonly(flow.y) is False and t is not None:
-            self._break(cell, f"{c.key} got a writable view of a read-only tensor: READ_ONLY lost")
+            call = cell.calls.rpartition(" -> ")[2]
+            if _marked_readonly(t, call):  # tensorbridge said read-only; the consumer ignored it
+                cell.notes.append(f"{call} ignores the read-only mark: its view is writable")
+            else:
+                self._break(
+                    cell, f"{call} got a writable view of a read-only tensor: READ_ONLY lost"
+                )
         elif c.readonly(flow.y) is False:
             cell.notes.append(f"{c.key} can write to read-only {p.key} memory")
+
+
+def _refusal_note(cell: Cell) -> str:
+    """A refused entry point, for the cell of the one that worked after it."""
+    call = cell.calls.rpartition(" -> ")[2]
+    who = f"{cell.blame}: " if cell.blame and not (cell.reason or "").startswith(cell.blame) else ""
+    return f"{call} refused ({who}{cell.reason})"
+
+
+def _marked_readonly(t: Any, call: str) -> bool:
+    """Whether tensorbridge marks read-only tensor ``t`` read-only on the protocol ``call`` uses."""
+    try:
+        if call.endswith("from_dlpack"):
+            capsule = t.__dlpack__(max_version=(1, 0))
+            address = _capi.PyCapsule_GetPointer(capsule, _dlpack_abi.DLTENSOR_VERSIONED)
+            managed = _dlpack_abi.DLManagedTensorVersioned.from_address(address)
+            return bool(managed.flags & _dlpack_abi.DLPACK_FLAG_BITMASK_READ_ONLY)
+        if call == "np.asarray":
+            return bool(t.__array_interface__["data"][1])
+        with t.as_memoryview() as mv:
+            return bool(mv.readonly)
+    except Exception:  # no such export at all: nothing was marked
+        return False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1307,6 +1544,18 @@ def _check_from_pointer(sides: dict[str, Side]) -> str:
     return f"the owner lives exactly as long as the views; a layout beyond nbytes raises {kind}"
 
 
+def _dlpack_refusal(x: Any) -> str | None:
+    """Why producer ``x`` refuses every DLPack export (versioned, then legacy), or None."""
+    try:
+        try:
+            x.__dlpack__(max_version=(1, 0))
+        except TypeError:  # a producer older than DLPack 1.0 takes no max_version
+            x.__dlpack__()
+    except Exception as exc:
+        return _one_line(exc)
+    return None
+
+
 @_check("NumPy read-only arrays import read-only")
 def _check_numpy_readonly(sides: dict[str, Side]) -> str:
     if "numpy" not in sides:
@@ -1315,13 +1564,40 @@ def _check_numpy_readonly(sides: dict[str, Side]) -> str:
     np = sides["numpy"].np  # type: ignore[attr-defined]
     a = np.arange(4, dtype=np.int32)
     a.flags.writeable = False
-    if not tb.from_dlpack(a).is_readonly:
-        msg = "tb.from_dlpack(read-only ndarray) is writable"
+    done = []
+    if not tb.frombuffer(a, dtype=tb.int32).is_readonly:
+        msg = "tb.frombuffer(read-only ndarray) is writable"
         raise _Failed(msg)
-    if np.from_dlpack(tb.from_dlpack(a)).flags.writeable:
-        msg = "np.from_dlpack(read-only tensor) is writable"
+    done.append("tb.frombuffer(ro ndarray) is read-only")
+    # NumPy before 2.1 has no versioned DLPack, so it refuses to export a read-only array at all:
+    # its limitation, reported; tensorbridge is judged only on what NumPy does export.
+    refusal = _dlpack_refusal(a)
+    if refusal is None:
+        if not tb.from_dlpack(a).is_readonly:
+            msg = "tb.from_dlpack(read-only ndarray) is writable"
+            raise _Failed(msg)
+        done.append("so is tb.from_dlpack(it)")
+    else:
+        done.append(f"NumPy {np.__version__} refuses to export it by DLPack ({refusal})")
+    t = tb.frombuffer(bytes(range(1, 9)), dtype=tb.int32)
+    try:
+        y = np.from_dlpack(t)
+    except BufferError as exc:
+        # NumPy before 2.1 asks for a legacy capsule, which cannot say read-only: tensorbridge
+        # refuses it (documented), a refusal that must come from tensorbridge itself.
+        if not _raised_in_tensorbridge(exc):
+            raise
+        done.append("np.from_dlpack(ro tensor) asks for a legacy capsule: refused as documented")
+    else:
+        if y.flags.writeable:
+            msg = "np.from_dlpack(read-only tensor) is writable"
+            raise _Failed(msg)
+        done.append("np.from_dlpack(ro tensor) is read-only")
+    if np.asarray(t).flags.writeable:
+        msg = "np.asarray(read-only tensor) is writable"
         raise _Failed(msg)
-    return "tb.from_dlpack(ro ndarray) is read-only, and so is np.from_dlpack of it"
+    done.append("np.asarray(ro tensor) is read-only")
+    return "; ".join(done)
 
 
 class _Skipped(Exception):
@@ -1329,7 +1605,7 @@ class _Skipped(Exception):
 
 
 # Run in a child interpreter: if tensorbridge handed negative strides to PyTorch as they are, torch
-# would abort the process (pytorch/pytorch#188023, dlpack.md §12.7).
+# would abort the process (pytorch/pytorch#188023: torch.from_dlpack aborts on negative strides).
 _TORCH_NEGATIVE_STRIDES: Final = """
 import tensorbridge as tb, torch
 t = tb.arange(6, dtype=tb.int32)[::-1]
@@ -1395,7 +1671,9 @@ def _run_check(name: str, fn: Callable[[dict[str, Side]], str], sides: dict[str,
         return Check(name, None, str(exc))
     except _Failed as exc:
         return Check(name, False, str(exc))
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a peer's sys.exit() included: the run goes on
         where = "tensorbridge raised" if _raised_in_tensorbridge(exc) else "raised"
         return Check(name, False, f"{where} {_one_line(exc)}")
     finally:
@@ -1460,30 +1738,74 @@ class Report:
 
 
 class _Progress:
-    """One status line on stderr, shown only once the run has taken more than a second."""
+    """One status line on stderr, shown only once the run has taken more than a second.
 
-    def __init__(self, enabled: bool, stream: TextIO) -> None:
+    A background thread shows the step in progress even while that step blocks (a peer that takes
+    30 s to import is named within a second), and updates the elapsed time on a terminal. A stream
+    that fails (its reader went away) ends the progress display, not the run.
+    """
+
+    _TICK: Final = 0.25  # seconds between the thread's looks at the current step
+
+    def __init__(self, enabled: bool, stream: TextIO, *, ticking: bool = True) -> None:
         self.enabled, self.stream = enabled, stream
-        self.tty = enabled and stream.isatty()
+        try:
+            self.tty = enabled and stream.isatty()
+        except (OSError, ValueError, AttributeError):
+            self.tty = False
         self.start = self.last = time.perf_counter()
         self.shown = False
+        self.text = ""  # the step in progress
+        self.written = ""  # the step last written
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if enabled and ticking:
+            self._thread = threading.Thread(
+                target=self._tick, name="tensorbridge-doctor-progress", daemon=True
+            )
+            self._thread.start()
 
     def __call__(self, text: str) -> None:
         if not self.enabled:
             return
-        now = time.perf_counter()
-        if now - self.start < 1.0 or (now - self.last < (0.1 if self.tty else 1.0)):
+        with self._lock:
+            self.text = text
+            self._show(time.perf_counter())
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self._TICK):
+            with self._lock:
+                self._show(time.perf_counter())
+
+    def _show(self, now: float) -> None:
+        """Write the current step if the rate allows (a pipe gets each step at most once)."""
+        if not self.enabled or not self.text or now - self.start < 1.0:
             return
-        self.last = now
-        line = f"doctor: {now - self.start:4.1f}s {text}"[: WIDTH - 1]
-        self.stream.write(f"\r{line:<{WIDTH - 1}}" if self.tty else line + "\n")
-        self.stream.flush()
+        if now - self.last < (0.1 if self.tty else 1.0):
+            return
+        if not self.tty and self.text == self.written:
+            return
+        self.last, self.written = now, self.text
+        line = f"doctor: {now - self.start:4.1f}s {self.text}"[: WIDTH - 1]
+        self._write(f"\r{line:<{WIDTH - 1}}" if self.tty else line + "\n")
         self.shown = True
 
-    def close(self) -> None:
-        if self.shown and self.tty:
-            self.stream.write("\r" + " " * (WIDTH - 1) + "\r")
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
             self.stream.flush()
+        except (OSError, ValueError):  # closed or broken: stop showing progress, go on
+            self.enabled = False
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            if self.shown and self.tty and self.enabled:
+                self._write("\r" + " " * (WIDTH - 1) + "\r")
+            self.enabled = False
 
 
 def _load_sides(
@@ -1499,11 +1821,13 @@ def _load_sides(
         if wanted is not None and lib.key not in wanted:
             lib.status = "not selected"
             continue
-        progress(f"importing {lib.name}")
+        progress(f"importing {lib.name} ({lib.module})")
         try:
             side = _SIDES[lib.key]()
             lib.devices = list(side.devices())
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: a peer's import must not end the doctor
             lib.status, lib.error = "import failed", _one_line(exc)
             continue
         lib.status = "used"
@@ -1531,9 +1855,9 @@ def _matrix(
                 if device not in c.devices() and c is not ex.tb:
                     continue
                 progress(f"exchange {device}: {p.key} -> {c.key}")
-                cells.append(ex.run(p, c, device, "tensorbridge", dtype))
+                cells.append(ex.run(p, c, device, "tensorbridge", dtype, unaligned=True))
                 if ex.tb not in (p, c):
-                    cells.append(ex.run(p, c, device, "direct", dtype))
+                    cells.append(ex.run(p, c, device, "direct", dtype, unaligned=True))
     return cells
 
 
@@ -1637,19 +1961,26 @@ class _Footnotes:
         return out
 
 
+def _outcome_text(outcome: str, proof: str | None, blame: str | None) -> str:
+    if outcome == NONE:
+        return "-"
+    if outcome == SHARED:
+        return "shared" if proof in ("write", None) else "shared*"
+    if outcome == COPIED:
+        return "copied"
+    if outcome == REFUSED:
+        return "no"
+    return "BROKEN" if blame == "tensorbridge" else "wrong"
+
+
 def _cell_text(cell: Cell | None, notes: _Footnotes) -> str:
     if cell is None:
         return ""
     if cell.outcome == NONE:
         return "-"
-    if cell.outcome == SHARED:
-        text = "shared" if cell.proof == "write" else "shared*"
-    elif cell.outcome == COPIED:
-        text = "copied"
-    elif cell.outcome == REFUSED:
-        text = "no"
-    else:
-        text = "BROKEN" if cell.blame == "tensorbridge" else "wrong"
+    text = _outcome_text(cell.outcome, cell.proof, cell.blame)
+    if cell.unaligned is not None and cell.unaligned != cell.outcome:
+        text += "/" + _outcome_text(cell.unaligned, cell.proof, None)
     detail = cell.reason if cell.outcome != SHARED else None
     detail = "; ".join(filter(None, [detail, *cell.notes]))
     if detail:
@@ -1663,11 +1994,11 @@ def _cell_text(cell: Cell | None, notes: _Footnotes) -> str:
 
 
 _LEGEND: Final = (
-    "shared: a write through the producer was read through the consumer; shared*: neither side may "
-    "be "
-    "written, both see the same address; copied: the values arrived, the memory is not shared; no: "
-    "refused; -: no common protocol; BROKEN: tensorbridge broke a guarantee. [n]: the reasons "
-    "below."
+    "shared: a write through the producer was read through the consumer; shared*: neither side "
+    "may be written, both see the same address; copied: the values arrived, the memory is not "
+    "shared; no: refused; -: no common protocol; BROKEN: tensorbridge broke a guarantee. The "
+    "doctor allocates 64-byte-aligned memory; a/b: a over such memory, b over memory that is not "
+    "(for consumers that share only aligned memory). [n]: the reasons below."
 )
 
 
@@ -1776,7 +2107,36 @@ def _library_lines(libraries: list[Library]) -> list[str]:
             initial_indent="  ",
             subsequent_indent="  ",
         )
+    hint = _no_library_hint(libraries)
+    if hint:
+        lines += ["", *textwrap.wrap(hint, WIDTH)]
     return [*lines, ""]
+
+
+def _no_library_hint(libraries: list[Library]) -> str | None:
+    """How to see the full matrix when the run used no array library; None when it used one."""
+    if any(lib.status == "used" for lib in libraries):
+        return None
+    exchangeable = [lib for lib in libraries if lib.key in _SIDES]
+    unselected = [lib.name for lib in exchangeable if lib.status == "not selected"]
+    failed = [lib.name for lib in exchangeable if lib.status == "import failed"]
+    names = ", ".join(lib.name for lib in exchangeable)
+    text = (
+        "No array library was used, so the matrix shows the standard library and tensorbridge only."
+    )
+    if unselected:
+        text += (
+            f" To see the full matrix, run without --peers and with TB_DOCTOR_PEERS unset "
+            f"(installed here: {', '.join(unselected)})."
+        )
+    elif failed:
+        text += f" {', '.join(failed)} failed to import (the reason is above); fix that first."
+    else:
+        text += (
+            f" To see the full matrix, install one or more of {names} "
+            f"(python -m pip install numpy) and run the doctor again."
+        )
+    return text
 
 
 def _check_lines(checks: list[Check]) -> list[str]:
