@@ -393,3 +393,19 @@ def test_pytorch_double_rounding_cases_are_torchs(name, value, pytorch, single):
     torch = pytest.importorskip("torch")
     got = torch.tensor([value], dtype=torch.float64).to(getattr(torch, name)).double().item()
     assert got == pytorch or (math.isnan(got) and math.isnan(pytorch))
+
+
+@pytest.mark.parametrize("name", ROUND_ONCE)
+def test_encode_exact_inputs_in_any_container(name):
+    """All-exact lists, tuples and single writes agree; a moved value among them is re-rounded."""
+    fmt = X.FORMATS[name]
+    exact = [float(v) for v in _finite_magnitudes(fmt)] + [
+        -float(v) for v in _finite_magnitudes(fmt)
+    ]
+    codes = [X.encode(fmt, v) for v in exact]
+    assert _codes(name, exact) == codes
+    dtype = getattr(tbd, name)
+    assert list(_codec.pack(dtype, tuple(exact))) == codes
+    assert [_codes(name, [v])[0] for v in exact] == codes
+    moved = math.nextafter(float(_finite_magnitudes(fmt)[1]) / 2, 1.0)  # float32: the tie
+    assert _codes(name, [*exact, moved, 0]) == [*codes, 1, 0]

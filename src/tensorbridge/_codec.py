@@ -405,7 +405,7 @@ class _ByteFloatCodec(_NarrowFloatCodec):
         self._exact = exact
         self._decode_table: list[float] | None = None
         self._encode_table: bytes | None = None
-        self._tie_table: bytes | None = None
+        self._tie_table: array[int] | None = None
 
     def decode(self, data: memoryview) -> list[Any]:
         if self._decode_table is None:
@@ -414,32 +414,45 @@ class _ByteFloatCodec(_NarrowFloatCodec):
 
     def encode(self, values: list[Any] | tuple[Any, ...]) -> bytes:
         data = _FLOAT32.encode(values)
-        if not self._exact:
-            return self.encode_float32(data)
-        table = self._table()
+        keys, sticky_everywhere = self._keys(data)
+        # Only a float32 value whose bits 0-16 are clear can be a point where the rounding
+        # changes; most inputs have some of those bits set, which this test settles at once.
+        if not self._exact or sticky_everywhere:
+            return bytes(map(self._table().__getitem__, keys))
+        # Inputs float32 holds exactly (small ints, k/2, 0.0) round once already. `==` between
+        # Python numbers is exact, and the list comparison stops at the first difference.
+        rounded = memoryview(data).cast("f").tolist()
+        if rounded == (values if type(values) is list else list(values)):
+            return bytes(map(self._table().__getitem__, keys))
+        return self._round_once(values, rounded, keys)
+
+    def encode_float32(self, data: bytes) -> bytes:
+        keys, _ = self._keys(data)
+        return bytes(map(self._table().__getitem__, keys))
+
+    @staticmethod
+    def _keys(data: bytes) -> tuple[memoryview, bool]:
+        """The table keys of native float32 `data`, and whether each has one of bits 0-16 set."""
         count = len(data) // 4
         bits = int.from_bytes(data, _NATIVE)
         low = _lanes(0xFFFF, count)
-        sticky = ((bits & low) + low) & _lanes(0x10000, count)
-        keys = _high_halves((bits | sticky).to_bytes(4 * count, _NATIVE))
-        codes = bytes(map(table.__getitem__, keys))
-        # Only a float32 value whose bits 0-16 are clear can be a point where the rounding
-        # changes; most inputs have some of those bits set, so this test skips the search.
-        if sticky == _lanes(0x10000, count):
-            return codes
-        return self._round_once(values, data, keys, codes)
+        bit16 = _lanes(0x10000, count)
+        sticky = ((bits & low) + low) & bit16  # bit 16 := any of bits 0-16
+        return _high_halves((bits | sticky).to_bytes(4 * count, _NATIVE)), sticky == bit16
 
     def _round_once(
-        self, values: list[Any] | tuple[Any, ...], data: bytes, keys: memoryview, codes: bytes
+        self, values: list[Any] | tuple[Any, ...], rounded: list[Any], keys: memoryview
     ) -> bytes:
-        """`codes` with the inputs whose float32 rounding moved them onto a tie re-rounded."""
-        table, ties = self._table(), self._ties()
-        flags = bytes(map(ties.__getitem__, keys))
+        """The codes of `values`, re-rounding those whose float32 rounding landed on a tie."""
+        # One lookup gives each code (low byte) and whether its key is a tie (high byte).
+        tagged = array("H", map(self._tagged_table().__getitem__, keys)).tobytes()
+        first = 0 if _NATIVE == "little" else 1
+        codes, flags = tagged[first::2], tagged[1 - first :: 2]
         i = flags.find(1)
         if i < 0:
             return codes
+        table = self._table()
         out = bytearray(codes)
-        rounded = memoryview(data).cast("f")
         while i >= 0:
             exact = _exact_real(values[i])
             single = rounded[i]
@@ -454,8 +467,8 @@ class _ByteFloatCodec(_NarrowFloatCodec):
             self._encode_table = bytes(self._encode_bits(key << 16) for key in range(1 << 16))
         return self._encode_table
 
-    def _ties(self) -> bytes:
-        """1 for the even keys whose neighbouring keys encode differently, else 0.
+    def _tagged_table(self) -> array[int]:
+        """The encode table with 0x100 added at the even keys whose neighbours encode differently.
 
         Those float32 values are where the rounding changes: ties, the overflow threshold, and
         inf (between the largest finite float32 and NaN; a finite input whose float32 is inf
@@ -464,20 +477,16 @@ class _ByteFloatCodec(_NarrowFloatCodec):
         """
         if self._tie_table is None:
             table = self._table()
-            self._tie_table = bytes(
-                1 if not key & 1 and key & 0x7FFF and table[key - 1] != table[key + 1] else 0
-                for key in range(1 << 16)
+            self._tie_table = array(
+                "H",
+                (
+                    code | 0x100
+                    if not key & 1 and key & 0x7FFF and table[key - 1] != table[key + 1]
+                    else code
+                    for key, code in enumerate(table)
+                ),
             )
         return self._tie_table
-
-    def encode_float32(self, data: bytes) -> bytes:
-        table = self._table()
-        count = len(data) // 4
-        bits = int.from_bytes(data, _NATIVE)
-        low = _lanes(0xFFFF, count)
-        sticky = ((bits & low) + low) & _lanes(0x10000, count)  # bit 16 := any of bits 0-16
-        keys = _high_halves((bits | sticky).to_bytes(4 * count, _NATIVE))
-        return bytes(map(table.__getitem__, keys))
 
 
 def _exact_real(value: object) -> int | float:
