@@ -28,7 +28,7 @@ def torch():
     return pytest.importorskip("torch")
 
 
-# compat.md §3.2: the (code, bits, lanes) PyTorch writes into a capsule for each dtype.
+# The DLPack (code, bits, lanes) PyTorch 2.13 writes into a capsule for each dtype.
 _COMPAT_TRIPLES = {
     "bool": (6, 8, 1),
     "uint8": (1, 8, 1),
@@ -59,7 +59,7 @@ _DLPACK_ONLY = {"float8_e3m4": (7, 8, 1), "float8_e4m3": (8, 8, 1), "float8_e4m3
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_dlpack_triples_follow_the_table(dtype):
-    """Every dtype's DLPack (code, bits, lanes) is compat.md's (or dlpack.h's) triple."""
+    """Every dtype's DLPack (code, bits, lanes) is PyTorch's (dlpack.h's where torch lacks it)."""
     assert dtype.dlpack == {**_COMPAT_TRIPLES, **_DLPACK_ONLY}[dtype.name]
     assert BY_DLPACK[dtype.dlpack] is dtype
 

@@ -4,9 +4,10 @@ Everything that reads or writes elements (item, tolist, repr, fill_, __setitem__
 dtypes) goes through `unpack`, `pack`, `convert` and `check_scalar`, so a value converts the same
 way wherever it is written. Pure Python: `array`, `memoryview.cast` and `struct` for the formats
 Python knows; bfloat16 by 16-bit shifts of float32 patterns; 8-bit floats through 256-entry decode
-tables and 65536-entry encode tables, each built once, on first use.
+tables and 65536-entry encode tables (indexed by float32 patterns), each built once, on first use.
 
-Cast rules (PyTorch 2.13 on the CPU, checked in tests/test_codec.py):
+Cast rules (PyTorch 2.13 on the CPU, checked in tests/test_codec.py against torch and in
+tests/test_codec_exact.py against exact rational references):
 
 * Decoding: bool -> bool (any non-zero byte is True), integers -> int, real floats -> float,
   complex32/64/128 -> complex. ``float4_e2m1fn_x2`` decodes to the raw byte (an int in [0, 255]):
@@ -14,16 +15,30 @@ Cast rules (PyTorch 2.13 on the CPU, checked in tests/test_codec.py):
 * To float64: exact for floats; ints round to nearest even.
 * To float32: round to nearest even, overflow -> inf. Ints round once (2**60 + 2**36 + 1 ->
   2**60 + 2**37, as C's int64 -> float; not via float64).
-* To float16, bfloat16 and every 8-bit float: the value is first rounded to float32, then to the
-  target, nearest even. The double rounding is PyTorch's (c10's constructors take a float).
+* To float16, bfloat16 and the 8-bit floats PyTorch has (float8_e4m3fn, float8_e4m3fnuz,
+  float8_e5m2, float8_e5m2fnuz, float8_e8m0fnu): the value is first rounded to float32 (nearest
+  even; an int is rounded once, to 24 bits), then to the target (nearest even). This double
+  rounding is PyTorch's (c10's constructors take a float) and tensorbridge follows it. It
+  differs from rounding the value once exactly when the value is not a float32 but rounds to a
+  float32 on which the target's rounding changes: a tie between two neighbouring target values,
+  or the overflow threshold (for float8_e8m0fnu, 1.5 * 2**e and 2**-127). The second rounding
+  then breaks the tie (to even, or to overflow) instead of rounding towards the side the value
+  lies on; e.g. the float64 1.0625 * (1 + 2**-30) gives float8_e4m3fn 1.0 where rounding once
+  gives 1.125, and (1 + 2**-11) * (1 + 2**-30) gives float16 1.0, not 1 + 2**-10. Values float32
+  holds exactly (float32, float16, bfloat16 and 8-bit inputs, ints up to 2**24) round once.
   Overflow: float16, bfloat16, float8_e5m2 -> inf; float8_e4m3fn saturates to +-448 (inf too);
   float8_e4m3fnuz/e5m2fnuz -> NaN (0x80), and -0.0 -> +0. NaN is written canonically, keeping
   its sign except in bfloat16 (0x7FC0) and the fnuz formats (0x80): what PyTorch writes for a
   float64 nan (its NaN payloads vary with the kernel path; payloads are not preserved).
   float8_e8m0fnu ignores the sign, maps 0 to 2**-127 and rounds like c10: half-way mantissas
   round up for float32 normals, down for float32 subnormals; inf, NaN and overflow -> NaN (0xFF).
-  Formats PyTorch lacks follow ml_dtypes: float8_e3m4 and float8_e4m3 overflow to inf,
-  float8_e4m3b11fnuz to NaN (0x80).
+* To float8_e3m4, float8_e4m3 and float8_e4m3b11fnuz (PyTorch lacks them): the exact value
+  (a float64, or an int as it is) is rounded once to the nearest representable value, ties to
+  even. float8_e3m4 and float8_e4m3 overflow to inf from their thresholds 15.75 and 248 on;
+  float8_e4m3b11fnuz takes overflow (from 31 on) and inf to NaN (0x80), and -0.0 to +0. NaN is
+  written as 0x78 (float8_e3m4) or 0x7C (float8_e4m3) with its sign, 0x80 for
+  float8_e4m3b11fnuz. The overflow and NaN encodings are ml_dtypes'; so is single rounding from
+  float64 as of ml_dtypes 0.7 (earlier releases rounded through float32).
 * To integers: ints wrap modulo 2**bits. Floats truncate toward zero; where the result does not
   fit, C++ leaves the conversion undefined and PyTorch's results depend on the build, so this
   codec chooses one rule: truncate, then wrap modulo 2**bits; NaN and +-inf give 0. (It agrees with
@@ -360,33 +375,127 @@ class _ByteFloatCodec(_NarrowFloatCodec):
 
     Encoding looks up the float32 pattern's upper 16 bits with bit 16 replaced by "any of bits
     0-16 set". Every 8-bit format rounds at bit 18 of the float32 pattern or above (bit 22 for
-    e8m0), so bit 16 only ever serves as a sticky bit and the lookup is exact.
+    e8m0), so bit 16 only ever serves as a sticky bit and the lookup is exact for float32 values.
+
+    With ``exact=True`` the result is the single rounding of each input's own value instead of
+    the rounding of its float32 rounding. The two differ only where the float32 rounding lands
+    exactly on a point where the 8-bit rounding changes (a tie, or the overflow threshold): the
+    float32 pattern then has its low 17 bits clear, and the side of that point the input lies on
+    picks the neighbouring key, odd key - 1 (just below) or key + 1 (just above).
     """
 
-    __slots__ = ("_decode_one", "_decode_table", "_encode_bits", "_encode_table")
+    __slots__ = (
+        "_decode_one",
+        "_decode_table",
+        "_encode_bits",
+        "_encode_table",
+        "_exact",
+        "_tie_table",
+    )
 
     def __init__(
-        self, decode_one: Callable[[int], float], encode_bits: Callable[[int], int]
+        self,
+        decode_one: Callable[[int], float],
+        encode_bits: Callable[[int], int],
+        *,
+        exact: bool = False,
     ) -> None:
         self._decode_one = decode_one
         self._encode_bits = encode_bits
+        self._exact = exact
         self._decode_table: list[float] | None = None
         self._encode_table: bytes | None = None
+        self._tie_table: array[int] | None = None
 
     def decode(self, data: memoryview) -> list[Any]:
         if self._decode_table is None:
             self._decode_table = [self._decode_one(code) for code in range(256)]
         return list(map(self._decode_table.__getitem__, data))
 
+    def encode(self, values: list[Any] | tuple[Any, ...]) -> bytes:
+        data = _FLOAT32.encode(values)
+        keys, sticky_everywhere = self._keys(data)
+        # Only a float32 value whose bits 0-16 are clear can be a point where the rounding
+        # changes; most inputs have some of those bits set, which this test settles at once.
+        if not self._exact or sticky_everywhere:
+            return bytes(map(self._table().__getitem__, keys))
+        # Inputs float32 holds exactly (small ints, k/2, 0.0) round once already. `==` between
+        # Python numbers is exact, and the list comparison stops at the first difference.
+        rounded = memoryview(data).cast("f").tolist()
+        if rounded == (values if type(values) is list else list(values)):
+            return bytes(map(self._table().__getitem__, keys))
+        return self._round_once(values, rounded, keys)
+
     def encode_float32(self, data: bytes) -> bytes:
-        if self._encode_table is None:
-            self._encode_table = bytes(self._encode_bits(key << 16) for key in range(1 << 16))
+        keys, _ = self._keys(data)
+        return bytes(map(self._table().__getitem__, keys))
+
+    @staticmethod
+    def _keys(data: bytes) -> tuple[memoryview, bool]:
+        """The table keys of native float32 `data`, and whether each has one of bits 0-16 set."""
         count = len(data) // 4
         bits = int.from_bytes(data, _NATIVE)
         low = _lanes(0xFFFF, count)
-        sticky = ((bits & low) + low) & _lanes(0x10000, count)  # bit 16 := any of bits 0-16
-        keys = _high_halves((bits | sticky).to_bytes(4 * count, _NATIVE))
-        return bytes(map(self._encode_table.__getitem__, keys))
+        bit16 = _lanes(0x10000, count)
+        sticky = ((bits & low) + low) & bit16  # bit 16 := any of bits 0-16
+        return _high_halves((bits | sticky).to_bytes(4 * count, _NATIVE)), sticky == bit16
+
+    def _round_once(
+        self, values: list[Any] | tuple[Any, ...], rounded: list[Any], keys: memoryview
+    ) -> bytes:
+        """The codes of `values`, re-rounding those whose float32 rounding landed on a tie."""
+        # One lookup gives each code (low byte) and whether its key is a tie (high byte).
+        tagged = array("H", map(self._tagged_table().__getitem__, keys)).tobytes()
+        first = 0 if _NATIVE == "little" else 1
+        codes, flags = tagged[first::2], tagged[1 - first :: 2]
+        i = flags.find(1)
+        if i < 0:
+            return codes
+        table = self._table()
+        out = bytearray(codes)
+        while i >= 0:
+            exact = _exact_real(values[i])
+            single = rounded[i]
+            if exact != single:  # ints and floats compare exactly
+                key = keys[i]
+                out[i] = table[key + 1 if abs(exact) > abs(single) else key - 1]
+            i = flags.find(1, i + 1)
+        return bytes(out)
+
+    def _table(self) -> bytes:
+        if self._encode_table is None:
+            self._encode_table = bytes(self._encode_bits(key << 16) for key in range(1 << 16))
+        return self._encode_table
+
+    def _tagged_table(self) -> array[int]:
+        """The encode table with 0x100 added at the even keys whose neighbours encode differently.
+
+        Those float32 values are where the rounding changes: ties, the overflow threshold, and
+        inf (between the largest finite float32 and NaN; a finite input whose float32 is inf
+        takes the lower neighbour, which overflows the same way). Keys 0 and 0x8000 (zeros)
+        are left out: no input lies below zero in magnitude.
+        """
+        if self._tie_table is None:
+            table = self._table()
+            self._tie_table = array(
+                "H",
+                (
+                    code | 0x100
+                    if not key & 1 and key & 0x7FFF and table[key - 1] != table[key + 1]
+                    else code
+                    for key, code in enumerate(table)
+                ),
+            )
+        return self._tie_table
+
+
+def _exact_real(value: object) -> int | float:
+    """The exact real number `value` stands for: the int or float itself, a complex's real part."""
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, complex):
+        return value.real
+    return _exact_real(_as_number(value))
 
 
 class _ComplexCodec(_Codec):
@@ -526,7 +635,9 @@ def _encode_e8m0(bits: int) -> int:
 def _make_codec(dtype: DType) -> _Codec:
     if dtype.name in _FLOAT8:
         spec = _FLOAT8[dtype.name]
-        return _ByteFloatCodec(spec.decode, spec.encode)
+        # Formats PyTorch has round through float32, as c10 does; the others round once.
+        exact = dtype.name in _ML_DTYPES_ONLY
+        return _ByteFloatCodec(spec.decode, spec.encode, exact=exact)
     special: dict[str, Callable[[], _Codec]] = {
         "bool": _BoolCodec,
         "float64": _Float64Codec,
