@@ -383,3 +383,33 @@ def test_pandas_arrow_backed_series():
     s = pd.Series([1.0, 2.0], dtype="float64[pyarrow]")
     arr = pa.array(s)
     assert tb.asarray(arr).tolist() == [1.0, 2.0]
+
+
+def test_from_dlpack_of_pyarrow_array_is_read_only():
+    """pyarrow's ``__dlpack__`` hands out a legacy capsule of immutable Arrow memory: the import
+    shares it read-only, so a write cannot change the Arrow array."""
+    arr = pa.array([1, 2, 3], type=pa.int64())
+    if not hasattr(arr, "__dlpack__"):
+        pytest.skip(f"pyarrow {pa.__version__} arrays have no __dlpack__")
+    t = tb.from_dlpack(arr)
+    assert t.is_readonly
+    assert t.data_ptr() == arr.buffers()[1].address
+    with pytest.raises(ValueError, match="read-only"):
+        t[0] = 7
+    assert arr.to_pylist() == [1, 2, 3]
+    c = tb.from_dlpack(arr, copy=True)
+    c[0] = 7
+    assert (c.tolist(), arr.to_pylist()) == ([7, 2, 3], [1, 2, 3])
+
+
+def test_asarray_of_chunked_array_works_or_names_asarray_on_one_line():
+    """A ChunkedArray is read through its Arrow stream (pyarrow 16+); where pyarrow has none, the
+    error names asarray and stays one line."""
+    chunked = pa.chunked_array([[1, 2], [3]])
+    if hasattr(chunked, "__arrow_c_stream__"):
+        assert tb.asarray(chunked).tolist() == [1, 2, 3]
+        return
+    with pytest.raises(TypeError) as info:
+        tb.asarray(chunked)
+    assert str(info.value).startswith("asarray(): ")
+    assert "\n" not in str(info.value)

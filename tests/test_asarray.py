@@ -496,3 +496,79 @@ def test_torch_asarray_agrees_on_plain_inputs():
         ours, theirs = tb.asarray(obj), torch.asarray(obj)
         assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.")
         assert ours.tolist() == theirs.tolist()
+
+
+# ------------------------------------------------------------------------------- lying buffers
+def _crafted_buffer(memory: ctypes.Array, shape: tuple[int, ...], length: int) -> memoryview:
+    """A memoryview over ``memory`` (int32 items) whose Py_buffer claims ``shape`` and ``len``."""
+    from tensorbridge import _capi
+
+    view = _capi.Py_buffer()
+    view.buf = ctypes.addressof(memory)
+    view.len = length
+    view.itemsize = 4
+    view.readonly = 1
+    view.ndim = len(shape)
+    view.format = b"i"
+    dims = (ctypes.c_ssize_t * max(len(shape), 1))(*shape)
+    view.shape = dims
+    view.strides = None
+    exporter = _capi.PyMemoryView_FromBuffer(view)
+    _KEEP.append((memory, dims))
+    return exporter
+
+
+_KEEP: list[Any] = []
+
+
+@pytest.mark.parametrize(("shape", "length"), [((32,), 64), ((2, 8), 32), ((4,), 32), ((), 8)])
+def test_buffer_whose_shape_disagrees_with_its_len_is_refused(shape, length):
+    """A buffer whose shape needs more or fewer bytes than its ``len`` is malformed: BufferError,
+    never a tensor reaching past the exporter's memory."""
+    memory = (ctypes.c_int32 * 32)(*range(32))
+    with pytest.raises(BufferError, match=r"asarray\(\): the buffer of memoryview is malformed"):
+        tb.asarray(_crafted_buffer(memory, shape, length))
+
+
+def test_buffer_whose_shape_agrees_with_its_len_is_shared():
+    """The same crafted exporter with a consistent ``len`` is imported as it describes."""
+    memory = (ctypes.c_int32 * 32)(*range(32))
+    t = tb.asarray(_crafted_buffer(memory, (4, 8), 128))
+    assert t.shape == (4, 8)
+    assert t.data_ptr() == ctypes.addressof(memory)
+    assert t.flatten().tolist() == list(range(32))
+
+
+# ----------------------------------------------------------------------- one-line error messages
+class _Sprawling:
+    """An object that is neither a sequence nor a number, printed over many long lines."""
+
+    def __repr__(self) -> str:
+        return "<Sprawling\n" + "\n".join(f"  line {i}: " + "x" * 60 for i in range(40)) + "\n>"
+
+
+@pytest.mark.parametrize(
+    ("call", "api"),
+    [
+        (lambda o: tb.asarray(o), "asarray"),
+        (lambda o: tb.asarray([1, o]), "asarray"),
+        (lambda o: tb.tensor(o), "tensor"),
+        (lambda o: tb.from_dlpack(tb.arange(2), device=o), "from_dlpack"),
+        (lambda o: tb.from_dlpack(tb.arange(2), copy=o), "from_dlpack"),
+        (lambda o: tb.asarray(tb.arange(2), copy=o), "asarray"),
+        (lambda o: tb.from_pointer(0, (0,), "int8", strides=o), "from_pointer"),
+        (lambda o: tb.arange(2).__dlpack__(stream=o), "__dlpack__"),
+        (lambda o: tb.arange(2).__dlpack__(max_version=o), "__dlpack__"),
+        (lambda o: tb.arange(2).__dlpack__(dl_device=o), "__dlpack__"),
+    ],
+)
+def test_errors_show_user_input_on_one_short_line(call, api):
+    """An error embedding the caller's object names the function called and stays one line, with
+    the object's repr shortened."""
+    with pytest.raises(TypeError) as info:
+        call(_Sprawling())
+    text = str(info.value)
+    assert text.startswith(f"{api}(): ")
+    assert "\n" not in text
+    assert "<Sprawling line 0: xxx" in text
+    assert len(text) < 400

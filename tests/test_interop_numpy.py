@@ -311,3 +311,113 @@ def test_numpy_round_trip_keeps_pointer():
     assert b.strides == a.strides
     b[0, 0] = -1
     assert a[0, 0] == -1
+
+
+# ------------------------------------------------------------------ every NumPy users have (1.26+)
+@pytest.mark.parametrize(
+    ("call", "shared"),
+    [
+        (lambda a: tb.tensor(a), False),
+        (lambda a: tb.asarray(a, copy=True), False),
+        (lambda a: tb.from_dlpack(a, copy=True), False),
+        (lambda a: tb.asarray(a, device="cpu"), True),
+        (lambda a: tb.from_dlpack(a, copy=False), True),
+        (lambda a: tb.from_dlpack(a), True),
+    ],
+)
+def test_numpy_requests_on_every_numpy(call, shared):
+    """Copy and device requests work whether NumPy's ``__dlpack__`` takes ``max_version`` (2.1+) or
+    not (1.26, 2.0): copies are new memory, the rest shares."""
+    a = np.arange(3)
+    t = call(a)
+    assert t.tolist() == [0, 1, 2]
+    assert (t.data_ptr() == data_ptr(a)) is shared
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _read_only_numpy(),
+        lambda: np.broadcast_to(np.arange(3), (2, 3)),
+    ],
+    ids=["read-only", "broadcast"],
+)
+def test_read_only_numpy_reaches_asarray_on_every_numpy(make):
+    """A read-only or broadcast array is shared read-only by asarray: through a READ_ONLY capsule
+    (NumPy 2.1+) or, where NumPy refuses DLPack (before 2.1), through its array interface."""
+    a = make()
+    t = tb.asarray(a)
+    assert t.is_readonly
+    assert t.data_ptr() == data_ptr(a)
+    assert t.tolist() == a.tolist()
+    assert tuple(s * a.itemsize for s in t.stride()) == a.strides
+
+
+def _read_only_numpy():
+    a = np.arange(4.0)
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (3, 0, 2)])
+def test_empty_tensors_reach_numpy(shape):
+    """Tensors without elements reach NumPy through the array interface and numpy()."""
+    t = tb.zeros(shape)
+    assert np.asarray(t).shape == shape
+    assert t.numpy().shape == shape
+    assert np.asarray(t).dtype == np.float32
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "complex32"])
+def test_numpy_asarray_of_ml_dtypes_tensor(name):
+    """numpy.asarray of a dtype NumPy cannot name is the ml_dtypes array sharing the memory
+    (as numpy()), never an object array of 0-d tensors."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if name == "complex32" and not hasattr(ml_dtypes, "complex32"):
+        pytest.skip("this ml_dtypes has no complex32")
+    t = tb_sample(name, 4)
+    a = np.asarray(t)
+    assert a.dtype == np.dtype(getattr(ml_dtypes, name))
+    assert a.shape == (4,)
+    assert data_ptr(a) == t.data_ptr()
+    assert a.tobytes() == t.numpy().tobytes()
+
+
+def test_numpy_array_of_bfloat16_with_dtype_and_copy():
+    """numpy.array(t, dtype=...) converts with exact values; copy=False refuses a conversion."""
+    pytest.importorskip("ml_dtypes")
+    t = tb.tensor([1.5, -2.0, 3.25], dtype=tb.bfloat16)
+    assert np.array(t, dtype=np.float32).tolist() == [1.5, -2.0, 3.25]
+    assert np.array(t).tolist() == [1.5, -2.0, 3.25]
+    with pytest.raises(ValueError, match="copy=False"):
+        t.__array__(dtype=np.float32, copy=False)
+    c = t.__array__(copy=True)
+    assert data_ptr(c) != t.data_ptr()
+
+
+def test_numpy_asarray_of_float4_is_a_type_error():
+    """float4_e2m1fn_x2 (two values per byte) has no NumPy dtype: a TypeError naming it."""
+    with pytest.raises(TypeError, match="float4_e2m1fn_x2"):
+        np.asarray(tb_sample("float4_e2m1fn_x2", 4))
+
+
+def test_numpy_asarray_without_ml_dtypes_is_a_type_error(subprocess_run):
+    """Without ml_dtypes, numpy.asarray of a bfloat16 tensor is a TypeError naming bfloat16 and
+    ml_dtypes, not an object array."""
+    proc = subprocess_run(
+        """
+        import sys
+        sys.modules["ml_dtypes"] = None  # not installed
+        import numpy as np
+        import tensorbridge as tb
+        for name in ("bfloat16", "float8_e4m3fn", "complex32"):
+            try:
+                a = np.asarray(tb.ones(2, dtype=getattr(tb, name)))
+            except TypeError as exc:
+                assert name in str(exc) and "ml_dtypes" in str(exc), exc
+            else:
+                raise SystemExit(f"{name}: got {a.dtype} array")
+        print("ok")
+        """
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, "ok"), proc.stderr
