@@ -20,6 +20,18 @@ from tensorbridge._convert import _dispatch_path, is_protocol_object
 
 np = pytest.importorskip("numpy")
 
+# NumPy's __dlpack__ takes max_version from 2.1.
+NUMPY_DLPACK_1 = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
+
+
+def _arrow_stream_or_skip() -> Any:
+    """pyarrow, when its ChunkedArray has ``__arrow_c_stream__`` (pyarrow 16+)."""
+    pa = pytest.importorskip("pyarrow")
+    if not hasattr(pa.ChunkedArray, "__arrow_c_stream__"):
+        pytest.skip(f"pyarrow {pa.__version__} has no ChunkedArray.__arrow_c_stream__")
+    return pa
+
+
 FAKE_CUDA_PTR = 0x7F00_0000_0000
 
 
@@ -29,8 +41,10 @@ class DLPackOnly:
     def __init__(self, arr: Any):
         self.arr = arr
 
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        return self.arr.__dlpack__(**kwargs)
+    @property
+    def __dlpack__(self) -> Any:
+        # The array's own method, signature included (NumPy before 2.1 takes no max_version).
+        return self.arr.__dlpack__
 
     def __dlpack_device__(self) -> Any:
         return self.arr.__dlpack_device__()
@@ -75,7 +89,7 @@ def _case_dlpack():
 def _case_capsule():
     a = np.arange(3.0)
     return (
-        a.__dlpack__(max_version=(1, 0)),
+        a.__dlpack__(**({"max_version": (1, 0)} if NUMPY_DLPACK_1 else {})),
         "dlpack_capsule",
         lambda t: t.data_ptr() == a.ctypes.data,
     )
@@ -132,7 +146,7 @@ def _case_arrow():
 
 
 def _case_arrow_stream():
-    pa = pytest.importorskip("pyarrow")
+    pa = _arrow_stream_or_skip()
     return pa.chunked_array([[1.0, 2.0]]), "arrow_stream", lambda t: t.tolist() == [1.0, 2.0]
 
 
@@ -200,7 +214,7 @@ def test_dispatch_never_reads_cuda_memory(subprocess_run):
 # ---------------------------------------------------------------------------------------------- preference order
 def _protocols() -> list[tuple[str, dict[str, Any]]]:
     """Each protocol as class attributes whose data is the single value that names it."""
-    pa = pytest.importorskip("pyarrow")
+    pa = _arrow_stream_or_skip()
     keep = {
         name: np.array([value], dtype=np.int32)
         for value, name in enumerate(
@@ -224,7 +238,7 @@ def _protocols() -> list[tuple[str, dict[str, Any]]]:
         (
             "dlpack",
             {
-                "__dlpack__": lambda self, **kw: keep["dlpack"].__dlpack__(**kw),
+                "__dlpack__": property(lambda self: keep["dlpack"].__dlpack__),
                 "__dlpack_device__": lambda self: keep["dlpack"].__dlpack_device__(),
             },
         ),

@@ -261,11 +261,13 @@ def test_same_capsule_twice() -> None:
 def test_capsule_consumed_by_another_consumer() -> None:
     """A capsule that NumPy already consumed is refused by tensorbridge, and vice versa."""
     np = pytest.importorskip("numpy")
-    capsule = tb.arange(3).__dlpack__(max_version=(1, 3))
+    # NumPy reads and writes versioned capsules from 2.1, legacy ones before.
+    versioned = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
+    capsule = tb.arange(3).__dlpack__(max_version=(1, 3) if versioned else None)
     np.from_dlpack(_returning(capsule))
     with pytest.raises(RuntimeError, match="consumed only once"):
         tb.from_dlpack(capsule)
-    capsule = np.arange(3).__dlpack__(max_version=(1, 0))
+    capsule = np.arange(3).__dlpack__(**({"max_version": (1, 0)} if versioned else {}))
     tb.from_dlpack(capsule)
     with pytest.raises((RuntimeError, ValueError, TypeError, BufferError)):
         np.from_dlpack(_returning(capsule))

@@ -16,6 +16,10 @@ path                        taken for
 ``"sequence"``/``"scalar"`` anything else: nested sequences and scalars, copied by `tensor`
 ==========================  ==========================================================================
 
+A producer that refuses ``__dlpack__`` with a `BufferError` (NumPy before 2.1 refuses read-only and
+broadcast arrays) is read through the next protocol in the table that it offers; when that fails too,
+its refusal is raised.
+
 Arrow comes before DLPack because the Arrow C data interface describes Arrow memory exactly (immutable,
 with validity bitmaps and bit-packed booleans) while DLPack from an Arrow producer is a derived view
 that cannot carry booleans. DLPack comes before the array interfaces because it is the standard and
@@ -350,7 +354,8 @@ def asarray(
     dtype: ``array('i')`` is int32, ``bytes`` uint8), or nested sequences and scalars. When an object
     speaks several protocols the first applicable one in this order is used: Tensor, DLPack capsule,
     ``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``, ``__cuda_array_interface__``,
-    ``__array_interface__``, buffer protocol, sequence/scalar.
+    ``__array_interface__``, buffer protocol, sequence/scalar. A producer refusing ``__dlpack__``
+    (`BufferError`) is read through the next of these it offers.
 
     Args:
         obj: what to convert.

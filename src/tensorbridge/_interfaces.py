@@ -833,8 +833,17 @@ def to_numpy(t: Tensor, *, force: bool = False, api: str = "numpy") -> Any:
             f"convert it, or view the raw bits with t.view(tensorbridge.uint{dtype.bits}).numpy()."
         )
         raise TypeError(msg) from None
+    ml_type = getattr(ml_dtypes, dtype.name, None)
+    if ml_type is None:  # older ml_dtypes lack the newer types (0.5 has no complex32)
+        version = getattr(ml_dtypes, "__version__", "?")
+        msg = (
+            f"{api}(): NumPy has no {dtype.name} dtype, and the installed ml_dtypes {version} has "
+            f"none either; upgrade ml_dtypes (pip install -U ml_dtypes), or view the raw bits with "
+            f"t.view(tensorbridge.uint{dtype.bits}).numpy()."
+        )
+        raise TypeError(msg)
     raw = np.asarray(_NumPyExport(t, _UNSIGNED_TYPESTR[dtype.itemsize]))
-    return raw.view(getattr(ml_dtypes, dtype.name))
+    return raw.view(ml_type)
 
 
 def numpy_array(t: Tensor, dtype: Any = None, copy: Any = None) -> Any:
