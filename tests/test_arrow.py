@@ -397,8 +397,9 @@ def test_pandas_arrow_backed_series():
 
 
 def test_from_dlpack_of_pyarrow_array_is_read_only():
-    """pyarrow's ``__dlpack__`` hands out a legacy capsule of immutable Arrow memory: the import
-    shares it read-only, so a write cannot change the Arrow array."""
+    """pyarrow's ``__dlpack__`` hands out immutable Arrow memory (as a legacy capsule, which
+    cannot say READ_ONLY, in pyarrow 15): the import shares it read-only, so a write cannot
+    change the Arrow array."""
     arr = pa.array([1, 2, 3], type=pa.int64())
     if not hasattr(arr, "__dlpack__"):
         pytest.skip(f"pyarrow {pa.__version__} arrays have no __dlpack__")

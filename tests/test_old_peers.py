@@ -2,10 +2,11 @@
 
 NumPy 2.0's ``ndarray.__dlpack__(self, stream=None)`` takes no ``max_version``, ``dl_device`` or
 ``copy``, exports legacy ``"dltensor"`` capsules only, and refuses read-only arrays with a
-`BufferError`; NumPy 1.26 behaves the same. pyarrow (14 to at least 26) exports Arrow's immutable
-memory as legacy capsules, which cannot say ``READ_ONLY``. The fakes here behave exactly so, over
-tensorbridge memory, so that these paths are tested whatever NumPy and pyarrow are installed;
-tests/test_interop_numpy.py and tests/test_arrow.py run the same requests against the real peers.
+`BufferError`; NumPy 1.26 behaves the same. pyarrow 15 exports Arrow's immutable memory as legacy
+capsules only, which cannot say ``READ_ONLY`` (pyarrow 14 arrays have no ``__dlpack__``). The
+fakes here behave exactly so, over tensorbridge memory, so that these paths are tested whatever
+NumPy and pyarrow are installed; tests/test_interop_numpy.py and tests/test_arrow.py run the same
+requests against the real peers.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ Deviations from PyTorch (compat.md §2, §3; each one deliberate):
 
 * ``READ_ONLY`` capsules import read-only; read-only tensors are never exported as legacy capsules.
 * Legacy (flagless) capsules import **writable**, as in PyTorch (NumPy makes them read-only),
-  except from a producer that also speaks the Arrow C data interface (pyarrow 14 and 15 export
-  legacy capsules only): Arrow memory is immutable, so those capsules import read-only.
+  except from a producer that also speaks the Arrow C data interface (pyarrow 15 exports legacy
+  capsules only): Arrow memory is immutable, so those capsules import read-only.
 * Non-producers (`NotDLPackError`, a `TypeError` and an `AttributeError`), foreign capsules
   (`TypeError`) and consumed capsules (PyTorch's `RuntimeError`) get three distinct errors, where
   PyTorch raises its "invalid capsule" `RuntimeError` for all three.
@@ -346,8 +346,9 @@ class _Producer:
         exchange: the C exchange API the type itself advertises, major version 1; None without.
         immutable: the type also speaks the Arrow C data interface (``__arrow_c_array__``), whose
             memory is immutable: its legacy capsules, which cannot say ``READ_ONLY``, are imported
-            read-only. pyarrow 14 and 15 export such capsules; writing through them would change
-            an Arrow array every other view of which takes for constant.
+            read-only. pyarrow 15 exports only such capsules (pyarrow 26 answers ``max_version``
+            with READ_ONLY versioned ones); writing through them would change an Arrow array
+            that every other view of it takes for constant.
         screen: for ``torch.Tensor``, ``torch.strided``: its exchange function checks less than
             its ``__dlpack__`` (no autograd, conjugate or negative bit, layout), so tensors with any
             of those take the ``__dlpack__`` path, which refuses or resolves them as before.
