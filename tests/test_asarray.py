@@ -20,6 +20,18 @@ from tensorbridge._convert import _dispatch_path, is_protocol_object
 
 np = pytest.importorskip("numpy")
 
+# NumPy's __dlpack__ takes max_version from 2.1.
+NUMPY_DLPACK_1 = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
+
+
+def _arrow_stream_or_skip() -> Any:
+    """pyarrow, when its ChunkedArray has ``__arrow_c_stream__`` (pyarrow 16+)."""
+    pa = pytest.importorskip("pyarrow")
+    if not hasattr(pa.ChunkedArray, "__arrow_c_stream__"):
+        pytest.skip(f"pyarrow {pa.__version__} has no ChunkedArray.__arrow_c_stream__")
+    return pa
+
+
 FAKE_CUDA_PTR = 0x7F00_0000_0000
 
 
@@ -29,8 +41,10 @@ class DLPackOnly:
     def __init__(self, arr: Any):
         self.arr = arr
 
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        return self.arr.__dlpack__(**kwargs)
+    @property
+    def __dlpack__(self) -> Any:
+        # The array's own method, signature included (NumPy before 2.1 takes no max_version).
+        return self.arr.__dlpack__
 
     def __dlpack_device__(self) -> Any:
         return self.arr.__dlpack_device__()
@@ -75,7 +89,7 @@ def _case_dlpack():
 def _case_capsule():
     a = np.arange(3.0)
     return (
-        a.__dlpack__(max_version=(1, 0)),
+        a.__dlpack__(**({"max_version": (1, 0)} if NUMPY_DLPACK_1 else {})),
         "dlpack_capsule",
         lambda t: t.data_ptr() == a.ctypes.data,
     )
@@ -132,7 +146,7 @@ def _case_arrow():
 
 
 def _case_arrow_stream():
-    pa = pytest.importorskip("pyarrow")
+    pa = _arrow_stream_or_skip()
     return pa.chunked_array([[1.0, 2.0]]), "arrow_stream", lambda t: t.tolist() == [1.0, 2.0]
 
 
@@ -200,7 +214,7 @@ def test_dispatch_never_reads_cuda_memory(subprocess_run):
 # ---------------------------------------------------------------------------------------------- preference order
 def _protocols() -> list[tuple[str, dict[str, Any]]]:
     """Each protocol as class attributes whose data is the single value that names it."""
-    pa = pytest.importorskip("pyarrow")
+    pa = _arrow_stream_or_skip()
     keep = {
         name: np.array([value], dtype=np.int32)
         for value, name in enumerate(
@@ -224,7 +238,7 @@ def _protocols() -> list[tuple[str, dict[str, Any]]]:
         (
             "dlpack",
             {
-                "__dlpack__": lambda self, **kw: keep["dlpack"].__dlpack__(**kw),
+                "__dlpack__": property(lambda self: keep["dlpack"].__dlpack__),
                 "__dlpack_device__": lambda self: keep["dlpack"].__dlpack_device__(),
             },
         ),
@@ -496,3 +510,79 @@ def test_torch_asarray_agrees_on_plain_inputs():
         ours, theirs = tb.asarray(obj), torch.asarray(obj)
         assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.")
         assert ours.tolist() == theirs.tolist()
+
+
+# ------------------------------------------------------------------------------- lying buffers
+def _crafted_buffer(memory: ctypes.Array, shape: tuple[int, ...], length: int) -> memoryview:
+    """A memoryview over ``memory`` (int32 items) whose Py_buffer claims ``shape`` and ``len``."""
+    from tensorbridge import _capi
+
+    view = _capi.Py_buffer()
+    view.buf = ctypes.addressof(memory)
+    view.len = length
+    view.itemsize = 4
+    view.readonly = 1
+    view.ndim = len(shape)
+    view.format = b"i"
+    dims = (ctypes.c_ssize_t * max(len(shape), 1))(*shape)
+    view.shape = dims
+    view.strides = None
+    exporter = _capi.PyMemoryView_FromBuffer(view)
+    _KEEP.append((memory, dims))
+    return exporter
+
+
+_KEEP: list[Any] = []
+
+
+@pytest.mark.parametrize(("shape", "length"), [((32,), 64), ((2, 8), 32), ((4,), 32), ((), 8)])
+def test_buffer_whose_shape_disagrees_with_its_len_is_refused(shape, length):
+    """A buffer whose shape needs more or fewer bytes than its ``len`` is malformed: BufferError,
+    never a tensor reaching past the exporter's memory."""
+    memory = (ctypes.c_int32 * 32)(*range(32))
+    with pytest.raises(BufferError, match=r"asarray\(\): the buffer of memoryview is malformed"):
+        tb.asarray(_crafted_buffer(memory, shape, length))
+
+
+def test_buffer_whose_shape_agrees_with_its_len_is_shared():
+    """The same crafted exporter with a consistent ``len`` is imported as it describes."""
+    memory = (ctypes.c_int32 * 32)(*range(32))
+    t = tb.asarray(_crafted_buffer(memory, (4, 8), 128))
+    assert t.shape == (4, 8)
+    assert t.data_ptr() == ctypes.addressof(memory)
+    assert t.flatten().tolist() == list(range(32))
+
+
+# ----------------------------------------------------------------------- one-line error messages
+class _Sprawling:
+    """An object that is neither a sequence nor a number, printed over many long lines."""
+
+    def __repr__(self) -> str:
+        return "<Sprawling\n" + "\n".join(f"  line {i}: " + "x" * 60 for i in range(40)) + "\n>"
+
+
+@pytest.mark.parametrize(
+    ("call", "api"),
+    [
+        (lambda o: tb.asarray(o), "asarray"),
+        (lambda o: tb.asarray([1, o]), "asarray"),
+        (lambda o: tb.tensor(o), "tensor"),
+        (lambda o: tb.from_dlpack(tb.arange(2), device=o), "from_dlpack"),
+        (lambda o: tb.from_dlpack(tb.arange(2), copy=o), "from_dlpack"),
+        (lambda o: tb.asarray(tb.arange(2), copy=o), "asarray"),
+        (lambda o: tb.from_pointer(0, (0,), "int8", strides=o), "from_pointer"),
+        (lambda o: tb.arange(2).__dlpack__(stream=o), "__dlpack__"),
+        (lambda o: tb.arange(2).__dlpack__(max_version=o), "__dlpack__"),
+        (lambda o: tb.arange(2).__dlpack__(dl_device=o), "__dlpack__"),
+    ],
+)
+def test_errors_show_user_input_on_one_short_line(call, api):
+    """An error embedding the caller's object names the function called and stays one line, with
+    the object's repr shortened."""
+    with pytest.raises(TypeError) as info:
+        call(_Sprawling())
+    text = str(info.value)
+    assert text.startswith(f"{api}(): ")
+    assert "\n" not in text
+    assert "<Sprawling line 0: xxx" in text
+    assert len(text) < 400

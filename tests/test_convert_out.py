@@ -114,6 +114,8 @@ def test_numpy_native_dtypes(dtype):
 def test_numpy_ml_dtypes(dtype):
     """Types NumPy lacks become ml_dtypes arrays over the same memory."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
+    if not hasattr(ml_dtypes, dtype.name):
+        pytest.skip(f"ml_dtypes {ml_dtypes.__version__} has no {dtype.name}")
     t = tb.tensor([1, 2, -0.5], dtype=dtype)
     a = t.numpy()
     assert a.dtype == np.dtype(getattr(ml_dtypes, dtype.name))
@@ -305,3 +307,18 @@ def test_jax_bfloat16():
     """bfloat16 converts to JAX's bfloat16."""
     _jax()
     assert tb.tensor([1.5, -2.0], dtype=tb.bfloat16).jax().dtype.name == "bfloat16"
+
+
+def test_numpy_with_ml_dtypes_lacking_the_type_is_a_clear_error(monkeypatch):
+    """An ml_dtypes without the type (0.5 has no complex32) is a TypeError naming the type and
+    the version, not an AttributeError from inside numpy()."""
+
+    class OldMlDtypes:
+        __version__ = "0.5.4"
+
+    monkeypatch.setitem(sys.modules, "ml_dtypes", OldMlDtypes())
+    t = tb.zeros(2, dtype=tb.complex32)
+    with pytest.raises(TypeError, match=r"complex32 .*ml_dtypes 0\.5\.4"):
+        t.numpy()
+    with pytest.raises(TypeError, match="complex32"):
+        np.asarray(t)

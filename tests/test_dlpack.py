@@ -316,6 +316,45 @@ def test_negative_strides_with_copy_false_are_refused():
         tb.arange(6)[::-1].__dlpack__(copy=False)
 
 
+# Negative strides that address nothing: on dimensions of size 1, or in a tensor without elements.
+_IDLE_NEGATIVE = [((1, 4), (-4, 1)), ((3, 1), (1, -7)), ((0, 3), (-1, 1)), ((2, 0), (-5, -1))]
+
+
+@pytest.mark.parametrize(("shape", "strides"), _IDLE_NEGATIVE)
+@pytest.mark.parametrize("copy", [None, False])
+def test_idle_negative_strides_export_without_a_copy(shape, strides, copy):
+    """Negative strides that address nothing need no copy: the export shares the memory (no
+    IS_COPIED, also with copy=False) and writes them as their absolute values, which PyTorch
+    takes."""
+    base = tb.arange(64, dtype=tb.float32)
+    t = base.as_strided(shape, strides, 20)
+    cap = t.__dlpack__(max_version=(1, 0), copy=copy)
+    m = managed_struct(cap)
+    assert m.flags == 0
+    assert [m.dl_tensor.strides[i] for i in range(len(shape))] == [abs(s) for s in strides]
+    again = tb.from_dlpack(cap)
+    assert again.shape == t.shape
+    if t.numel():
+        assert again.data_ptr() == t.data_ptr()
+        assert again.tolist() == t.tolist()
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides"), [*_IDLE_NEGATIVE, ((2, 3), (3, -1)), ((2, 1), (-4, -4)), ((2,), (-1,))]
+)
+def test_one_negative_stride_rule_for_dlpack_and_torch(shape, strides):
+    """``__dlpack__`` copies exactly the tensors ``torch()`` refuses for their negative strides:
+    one rule decides both."""
+    t = tb.arange(64, dtype=tb.float32).as_strided(shape, strides, 20)
+    copied = bool(managed_struct(t.__dlpack__(max_version=(1, 0))).flags)
+    assert copied == _dlpack.has_negative_stride(t.shape, t.stride())
+    assert copied == (
+        len(shape)
+        and min(shape) > 0
+        and any(s < 0 and n > 1 for n, s in zip(shape, strides, strict=True))
+    )
+
+
 def test_negative_strides_import_as_they_are(crafted):
     """A capsule with negative strides imports as a view (no copy), values in order."""
     producer = crafted((1.0, 2.0, 3.0, 4.0), shape=(4,), strides=(-1,))
@@ -327,6 +366,83 @@ def test_negative_strides_import_as_they_are(crafted):
 
 
 # -------------------------------------------------------------------------------- import: errors
+def test_not_a_producer_error_is_public():
+    """The error for a non-producer is ``tensorbridge.NotDLPackError``: exported, named in
+    tracebacks as tensorbridge's, and both a TypeError and an AttributeError."""
+    with pytest.raises(tb.NotDLPackError) as info:
+        tb.from_dlpack([1, 2])
+    cls = type(info.value)
+    assert cls is tb.NotDLPackError
+    assert f"{cls.__module__}.{cls.__qualname__}" == "tensorbridge.NotDLPackError"
+    assert issubclass(cls, TypeError)
+    assert issubclass(cls, AttributeError)
+    assert "NotDLPackError" in tb.__all__
+    import pickle
+
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is tb.NotDLPackError
+    assert str(again) == str(info.value)
+
+
+def test_every_exception_class_a_user_can_meet_is_public():
+    """Every exception class the library modules define is exported from tensorbridge under its
+    name, with ``__module__`` "tensorbridge" (the doctor and CLI catch their own internally)."""
+    import importlib
+    import pkgutil
+
+    found = []
+    for info in pkgutil.iter_modules(tb.__path__):
+        if info.name in ("_doctor", "_cli", "__main__"):
+            continue
+        module = importlib.import_module(f"tensorbridge.{info.name}")
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__.startswith("tensorbridge")
+            ):
+                found.append(value)
+    assert found
+    for cls in found:
+        assert cls.__module__ == "tensorbridge", cls
+        assert getattr(tb, cls.__name__) is cls
+        assert cls.__name__ in tb.__all__
+
+
+@pytest.mark.parametrize("device", [5, "cpu", (1,), (1, 0, 0), ("a", 0), (True, 0), 1.5])
+def test_malformed_dlpack_device_is_a_type_error(device):
+    """A ``__dlpack_device__`` that does not return a pair of ints is a TypeError naming it;
+    ``__dlpack__`` is not called."""
+    calls = []
+
+    class Broken:
+        def __dlpack__(self, **kwargs):
+            calls.append(kwargs)
+            raise AssertionError("not reached")
+
+        def __dlpack_device__(self):
+            return device
+
+    with pytest.raises(TypeError, match=r"__dlpack_device__\(\) must return a \(device_type, "):
+        tb.from_dlpack(Broken())
+    assert calls == []
+
+
+@pytest.mark.parametrize("device", [[1, 0], (tb.DLDeviceType.kDLCPU, 0)])
+def test_dlpack_device_as_list_or_enum_is_accepted(device):
+    """A list or an IntEnum pair (PyTorch returns its DLDeviceType) is a valid device pair."""
+    x = tb.arange(3)
+
+    class Producer2:
+        def __dlpack__(self, **kwargs):
+            return x.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return device
+
+    assert tb.from_dlpack(Producer2()).data_ptr() == x.data_ptr()
+
+
 @pytest.mark.parametrize("obj", [[1, 2], 5, None, object(), "abc"])
 def test_non_producer_is_a_type_error_naming_the_type(obj):
     """Neither producer nor capsule: a TypeError (and AttributeError) naming the type."""
@@ -495,11 +611,59 @@ def test_old_signature_producer_falls_back_and_imports_writable():
     assert not t.is_readonly
 
 
-@pytest.mark.parametrize("kwargs", [{"copy": True}, {"copy": False}, {"device": "cpu"}])
-def test_no_fallback_when_device_or_copy_was_given(kwargs):
-    """With device/copy the keyword TypeError propagates: dropping them would ignore the request."""
-    with pytest.raises(TypeError, match="keyword"):
-        tb.from_dlpack(OldProducer(tb.arange(3)), **kwargs)
+@pytest.mark.parametrize(
+    ("kwargs", "shared"),
+    [({"copy": True}, False), ({"copy": False}, True), ({"device": "cpu"}, True)],
+)
+def test_old_signature_host_producer_meets_device_and_copy(kwargs, shared):
+    """A host producer that takes no max_version/dl_device/copy (NumPy before 2.1) is asked again
+    without them: copy=True is met by a copy made after the import, copy=False and the host
+    device hold anyway."""
+    t = tb.arange(3)
+    p = OldProducer(t)
+    out = tb.from_dlpack(p, **kwargs)
+    assert p.calls == 1
+    assert out.tolist() == [0, 1, 2]
+    assert (out.data_ptr() == t.data_ptr()) is shared
+
+
+class OldDeviceProducer(OldProducer):
+    """An old-signature producer of (never dereferenced) CUDA memory; records its keywords."""
+
+    def __init__(self, t):
+        super().__init__(t)
+        self.streams = []
+
+    def __dlpack__(self, stream=None):
+        self.streams.append(stream)
+        return super().__dlpack__()
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def _device_tensor():
+    return tb.from_pointer(0x10000, (3,), tb.float32, device="cuda:0")
+
+
+@pytest.mark.parametrize("kwargs", [{"copy": True}, {"device": "cpu"}])
+def test_old_signature_device_producer_is_not_asked_to_drop_a_request(kwargs):
+    """Device memory cannot be copied or moved by tensorbridge: an old-signature producer that
+    cannot take the request gets a TypeError naming the keywords, and is not called again."""
+    p = OldDeviceProducer(_device_tensor())
+    with pytest.raises(TypeError, match=r"does not take the keywords .*'(copy|dl_device)'"):
+        tb.from_dlpack(p, **kwargs)
+    assert p.calls == 0
+
+
+def test_old_signature_device_producer_keeps_its_stream():
+    """Asked again without max_version, an old device producer still gets ``stream=1``."""
+    t = _device_tensor()
+    p = OldDeviceProducer(t)
+    out = tb.from_dlpack(p, copy=False)
+    assert p.streams == [1]
+    assert out.device == tb.device("cuda:0")
+    assert out.data_ptr() == t.data_ptr()
 
 
 def test_unrelated_type_error_is_not_retried():

@@ -537,3 +537,18 @@ def test_wrap_memory_refuses_address_wraparound():
             owner=None,
             api="x",
         )
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (2, 0, 4)])
+def test_empty_tensor_array_interface_has_a_valid_pointer(shape):
+    """A tensor without elements gives ``__array_interface__`` a non-NULL, 64-byte aligned data
+    pointer (NumPy before 2.4 refuses NULL); the CUDA interface keeps 0, as its specification
+    asks."""
+    t = tb.zeros(shape)
+    ptr, readonly = t.__array_interface__["data"]
+    assert ptr != 0
+    assert ptr % 64 == 0
+    assert readonly is False
+    assert t.__array_interface__["shape"] == shape
+    cuda = tb.from_pointer(0, shape, tb.float32, device="cuda:0")
+    assert cuda.__cuda_array_interface__["data"][0] == 0

@@ -13,6 +13,11 @@ from tensorbridge._tensor import _from_bytes
 
 np = pytest.importorskip("numpy")
 
+# NumPy 2.1 brought DLPack 1.0 to NumPy: ``__dlpack__`` takes max_version, dl_device and copy,
+# np.from_dlpack reads versioned capsules and takes copy/device. Before, NumPy (1.26, 2.0) imports
+# DLPack read-only and refuses to export read-only arrays, so they cannot go back through DLPack.
+NUMPY_DLPACK_1 = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
+
 NUMPY_DTYPES = [
     "bool",
     "uint8",
@@ -81,7 +86,9 @@ def test_numpy_from_tensorbridge_shares_every_dtype(name):
     assert a.dtype == np.dtype(name)
     assert data_ptr(a) == t.data_ptr()
     assert a.tolist() == t.tolist()
-    assert a.flags.writeable
+    assert a.flags.writeable is NUMPY_DLPACK_1
+    if not NUMPY_DLPACK_1:
+        return
     a[0] = a[1]
     assert t[0].item() == t[1].item()
     t[2] = t[3].item()
@@ -138,7 +145,8 @@ def test_layout_from_numpy_round_trip(layout):
     """NumPy views of every layout import back with the same values and memory."""
     _, t = layout
     a = np.from_dlpack(t)
-    back = tb.from_dlpack(a)
+    # NumPy before 2.1 refuses to export the read-only array it made; asarray reads it instead.
+    back = tb.from_dlpack(a) if NUMPY_DLPACK_1 else tb.asarray(a)
     assert back.tolist() == t.tolist()
     assert back.shape == t.shape
     if t.numel():
@@ -157,7 +165,8 @@ def test_numpy_negative_strides_import_as_views(index):
 
 def test_unaligned_numpy_data():
     """Unaligned data (offset=1 into a buffer) imports with the right values."""
-    a = np.frombuffer(b"\x00" + np.arange(4, dtype=np.int32).tobytes(), dtype=np.int32, offset=1)
+    raw = bytearray(b"\x00" + np.arange(4, dtype=np.int32).tobytes())  # writable: every NumPy
+    a = np.frombuffer(raw, dtype=np.int32, offset=1)
     t = tb.from_dlpack(a)
     assert t.data_ptr() % 4 == 1
     assert t.tolist() == [0, 1, 2, 3]
@@ -166,6 +175,8 @@ def test_unaligned_numpy_data():
 @pytest.mark.parametrize("ndim", [0, 1, 2, 32, 64])
 def test_numpy_dimensions(ndim):
     """0-d to 64-d arrays round-trip (NumPy 2.4 exports NULL shape/strides for 0-d)."""
+    if ndim > 32 and np.lib.NumpyVersion(np.__version__) < "2.0.0":
+        pytest.skip("NumPy before 2.0 has at most 32 dimensions")
     a = np.arange(2.0).reshape((1,) * (ndim - 1) + (2,)) if ndim else np.array(7.0)
     t = tb.from_dlpack(a)
     assert t.shape == a.shape
@@ -186,6 +197,11 @@ def test_read_only_both_ways():
     """A read-only array imports read-only; a read-only tensor exports to a read-only array."""
     a = np.arange(3.0)
     a.flags.writeable = False
+    if not NUMPY_DLPACK_1:
+        with pytest.raises(BufferError, match="readonly"):  # NumPy's refusal, passed through
+            tb.from_dlpack(a)
+        assert tb.asarray(a).is_readonly  # asarray reads the array interface instead
+        return
     t = tb.from_dlpack(a)
     assert t.is_readonly
     with pytest.raises(ValueError, match="read-only"):
@@ -232,8 +248,10 @@ def test_copy_semantics_with_numpy():
     assert tb.from_dlpack(a, device="cpu").data_ptr() == data_ptr(a)
     c = tb.from_dlpack(a, copy=True)
     assert c.data_ptr() != data_ptr(a)
-    assert c._storage.is_copied
+    assert c._storage.is_copied is NUMPY_DLPACK_1  # older NumPy cannot copy: tensorbridge did
     assert c.tolist() == a.tolist()
+    if not NUMPY_DLPACK_1:
+        return  # np.from_dlpack takes copy and device from NumPy 2.1
     t = tb.arange(4)
     assert data_ptr(np.from_dlpack(t, copy=False)) == t.data_ptr()
     d = np.from_dlpack(t, copy=True)
@@ -268,8 +286,9 @@ def test_numpy_array_outlives_tensorbridge(counting_exporter):
     assert alive() is not None
     assert a[999] == 999
     assert exporter.total == 0
-    a[0] = 7
-    assert a[0] == 7
+    if a.flags.writeable:  # NumPy before 2.1 imports DLPack read-only
+        a[0] = 7
+        assert a[0] == 7
     del a
     gc.collect()
     assert exporter.total == 1
@@ -280,9 +299,8 @@ def test_each_numpy_import_calls_the_deleter_once(counting_exporter):
     """Several arrays from one tensor: one deleter call per capsule."""
     exporter = counting_exporter(tb.arange(6))
     arrays = [np.from_dlpack(exporter) for _ in range(4)]
-    assert [k for k in exporter.kwargs] == [
-        {"dl_device": None, "copy": None, "max_version": (1, 0)}
-    ] * 4
+    asked = {"dl_device": None, "copy": None, "max_version": (1, 0)} if NUMPY_DLPACK_1 else {}
+    assert [k for k in exporter.kwargs] == [asked] * 4
     del arrays
     gc.collect()
     assert exporter.total == 4
@@ -309,5 +327,117 @@ def test_numpy_round_trip_keeps_pointer():
     b = np.from_dlpack(tb.from_dlpack(a))
     assert data_ptr(b) == data_ptr(a)
     assert b.strides == a.strides
+    if not NUMPY_DLPACK_1:
+        b = np.asarray(tb.from_dlpack(a))  # from_dlpack gives read-only arrays before NumPy 2.1
     b[0, 0] = -1
     assert a[0, 0] == -1
+
+
+# ------------------------------------------------------------------ every NumPy users have (1.26+)
+@pytest.mark.parametrize(
+    ("call", "shared"),
+    [
+        (lambda a: tb.tensor(a), False),
+        (lambda a: tb.asarray(a, copy=True), False),
+        (lambda a: tb.from_dlpack(a, copy=True), False),
+        (lambda a: tb.asarray(a, device="cpu"), True),
+        (lambda a: tb.from_dlpack(a, copy=False), True),
+        (lambda a: tb.from_dlpack(a), True),
+    ],
+)
+def test_numpy_requests_on_every_numpy(call, shared):
+    """Copy and device requests work whether NumPy's ``__dlpack__`` takes ``max_version`` (2.1+) or
+    not (1.26, 2.0): copies are new memory, the rest shares."""
+    a = np.arange(3)
+    t = call(a)
+    assert t.tolist() == [0, 1, 2]
+    assert (t.data_ptr() == data_ptr(a)) is shared
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _read_only_numpy(),
+        lambda: np.broadcast_to(np.arange(3), (2, 3)),
+    ],
+    ids=["read-only", "broadcast"],
+)
+def test_read_only_numpy_reaches_asarray_on_every_numpy(make):
+    """A read-only or broadcast array is shared read-only by asarray: through a READ_ONLY capsule
+    (NumPy 2.1+) or, where NumPy refuses DLPack (before 2.1), through its array interface."""
+    a = make()
+    t = tb.asarray(a)
+    assert t.is_readonly
+    assert t.data_ptr() == data_ptr(a)
+    assert t.tolist() == a.tolist()
+    assert tuple(s * a.itemsize for s in t.stride()) == a.strides
+
+
+def _read_only_numpy():
+    a = np.arange(4.0)
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (3, 0, 2)])
+def test_empty_tensors_reach_numpy(shape):
+    """Tensors without elements reach NumPy through the array interface and numpy()."""
+    t = tb.zeros(shape)
+    assert np.asarray(t).shape == shape
+    assert t.numpy().shape == shape
+    assert np.asarray(t).dtype == np.float32
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "complex32"])
+def test_numpy_asarray_of_ml_dtypes_tensor(name):
+    """numpy.asarray of a dtype NumPy cannot name is the ml_dtypes array sharing the memory
+    (as numpy()), never an object array of 0-d tensors."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if name == "complex32" and not hasattr(ml_dtypes, "complex32"):
+        pytest.skip("this ml_dtypes has no complex32")
+    t = tb_sample(name, 4)
+    a = np.asarray(t)
+    assert a.dtype == np.dtype(getattr(ml_dtypes, name))
+    assert a.shape == (4,)
+    assert data_ptr(a) == t.data_ptr()
+    assert a.tobytes() == t.numpy().tobytes()
+
+
+def test_numpy_array_of_bfloat16_with_dtype_and_copy():
+    """numpy.array(t, dtype=...) converts with exact values; copy=False refuses a conversion."""
+    pytest.importorskip("ml_dtypes")
+    t = tb.tensor([1.5, -2.0, 3.25], dtype=tb.bfloat16)
+    assert np.array(t, dtype=np.float32).tolist() == [1.5, -2.0, 3.25]
+    assert np.array(t).tolist() == [1.5, -2.0, 3.25]
+    with pytest.raises(ValueError, match="copy=False"):
+        t.__array__(dtype=np.float32, copy=False)
+    c = t.__array__(copy=True)
+    assert data_ptr(c) != t.data_ptr()
+
+
+def test_numpy_asarray_of_float4_is_a_type_error():
+    """float4_e2m1fn_x2 (two values per byte) has no NumPy dtype: a TypeError naming it."""
+    with pytest.raises(TypeError, match="float4_e2m1fn_x2"):
+        np.asarray(tb_sample("float4_e2m1fn_x2", 4))
+
+
+def test_numpy_asarray_without_ml_dtypes_is_a_type_error(subprocess_run):
+    """Without ml_dtypes, numpy.asarray of a bfloat16 tensor is a TypeError naming bfloat16 and
+    ml_dtypes, not an object array."""
+    proc = subprocess_run(
+        """
+        import sys
+        sys.modules["ml_dtypes"] = None  # not installed
+        import numpy as np
+        import tensorbridge as tb
+        for name in ("bfloat16", "float8_e4m3fn", "complex32"):
+            try:
+                a = np.asarray(tb.ones(2, dtype=getattr(tb, name)))
+            except TypeError as exc:
+                assert name in str(exc) and "ml_dtypes" in str(exc), exc
+            else:
+                raise SystemExit(f"{name}: got {a.dtype} array")
+        print("ok")
+        """
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, "ok"), proc.stderr

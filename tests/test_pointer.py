@@ -168,7 +168,8 @@ def test_round_trip_through_numpy():
     np = pytest.importorskip("numpy")
     block = Block(4)
     t = tb.from_pointer(block.ptr, (2, 2), tb.int32, owner=block, nbytes=block.nbytes)
-    a = np.from_dlpack(t)
+    assert np.from_dlpack(t).ctypes.data == block.ptr
+    a = np.asarray(t)  # writable on every NumPy (from_dlpack is read-only before NumPy 2.1)
     assert a.ctypes.data == block.ptr
     a[1, 1] = 30
     assert block.array[3] == 30

@@ -4,6 +4,10 @@ A `Tensor` is a strided view of memory that someone else may own. tensorbridge i
 views through DLPack (versioned and legacy capsules), the buffer protocol, ``__array_interface__``,
 ``__cuda_array_interface__`` and Arrow, without copying, and with the safety checks PyTorch and NumPy lack.
 
+Errors are built-in exceptions, chosen by meaning, plus one class of tensorbridge's own:
+`NotDLPackError` (a `TypeError` and an `AttributeError`), raised by `from_dlpack` for an object that
+is neither a DLPack producer nor a capsule.
+
     >>> import tensorbridge as tb
     >>> t = tb.arange(4)
     >>> t2 = tb.from_dlpack(t); t2[:2] = -1
@@ -13,6 +17,8 @@ views through DLPack (versioned and legacy capsules), the buffer protocol, ``__a
 
 from __future__ import annotations
 
+# ruff: noqa: E402  (each import is followed by the names it adds to __all__)
+
 __version__ = "0.1.0"
 __all__ = ["__version__"]
 
@@ -20,7 +26,7 @@ from ._dtype import *  # noqa: F403  (dtype constants and PyTorch's aliases)
 from ._dtype import DType as dtype
 from ._dtype import __all__ as _dtype_all
 
-__all__ += [*_dtype_all, "dtype"]
+__all__ += [*_dtype_all, "dtype"]  # noqa: PLE0604  (_dtype.__all__ holds strings only)
 
 from ._device import Device, DLDeviceType, device
 
@@ -64,8 +70,9 @@ from ._format import get_printoptions, printoptions, set_printoptions
 __all__ += ["get_printoptions", "printoptions", "set_printoptions"]
 
 from ._dlpack import from_dlpack, to_dlpack
+from ._errors import NotDLPackError
 
-__all__ += ["from_dlpack", "to_dlpack"]
+__all__ += ["NotDLPackError", "from_dlpack", "to_dlpack"]
 
 from ._buffer import frombuffer
 from ._file import from_file

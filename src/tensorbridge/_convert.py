@@ -16,6 +16,10 @@ path                        taken for
 ``"sequence"``/``"scalar"`` anything else: nested sequences and scalars, copied by `tensor`
 ==========================  ==========================================================================
 
+A producer that refuses ``__dlpack__`` with a `BufferError` (NumPy before 2.1 refuses read-only and
+broadcast arrays) is read through the next protocol in the table that it offers; when that fails too,
+its refusal is raised.
+
 Arrow comes before DLPack because the Arrow C data interface describes Arrow memory exactly (immutable,
 with validity bitmaps and bit-packed booleans) while DLPack from an Arrow producer is a derived view
 that cannot carry booleans. DLPack comes before the array interfaces because it is the standard and
@@ -24,12 +28,14 @@ negotiates device, stream, copy and read-only itself.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Final
 
 from . import _capi, _creation, _dlpack, _interfaces, _layout
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype, from_format
+from ._errors import short_repr
 from ._layout import _as_int
 from ._storage import hold_buffer
 from ._tensor import Tensor
@@ -87,6 +93,17 @@ def _dispatch(obj: Any) -> tuple[str, Any]:
     if _capi.PyObject_CheckBuffer(obj):
         return _BUFFER, None
     return (_SCALAR if isinstance(obj, numbers.Number) else _SEQUENCE), None
+
+
+def _after_dlpack(obj: Any) -> tuple[str, Any] | None:
+    """The protocol `asarray` would take for ``obj`` if it had no ``__dlpack__``, if any."""
+    for path, attribute in _BY_ATTRIBUTE[_BY_ATTRIBUTE.index((_DLPACK, "__dlpack__")) + 1 :]:
+        value = getattr(obj, attribute, None)
+        if value is not None:
+            return path, value
+    if _capi.PyObject_CheckBuffer(obj):
+        return _BUFFER, None
+    return None
 
 
 def _dispatch_path(obj: Any) -> str:
@@ -162,7 +179,27 @@ def _from_buffer(obj: Any, api: str) -> Tensor:
             f"{view.format!r} ({itemsize} bytes); the exporter is malformed."
         )
         raise BufferError(msg)
-    shape = tuple(view.shape[:ndim]) if ndim else ()
+    shape: tuple[int, ...]
+    if not ndim:
+        shape = ()
+    elif view.shape:
+        shape = tuple(view.shape[:ndim])
+    elif ndim == 1:  # shape NULL: one dimension of len bytes (the buffer protocol's rule)
+        shape = (view.len // itemsize,)
+    else:
+        msg = f"{api}(): the buffer of {type(obj).__name__} has {ndim} dimensions but no shape."
+        raise BufferError(msg)
+    if math.prod(shape) * itemsize != view.len:
+        # ``len`` is the size of the data copied contiguously, whatever the strides; a shape that
+        # claims more elements would read past the exporter's memory, one that claims fewer
+        # would hide some: either way the exporter is inconsistent, and neither field is trusted.
+        msg = (
+            f"{api}(): the buffer of {type(obj).__name__} is malformed: its shape {list(shape)} "
+            f"of {itemsize}-byte items needs {math.prod(shape) * itemsize} bytes, but its len "
+            f"is {view.len}. Fix the exporter, or read the bytes with "
+            f"tensorbridge.frombuffer(obj, dtype=...)."
+        )
+        raise BufferError(msg)
     if view.strides:
         byte_strides = view.strides[:ndim]
         if itemsize == 1:
@@ -177,7 +214,8 @@ def _from_buffer(obj: Any, api: str) -> Tensor:
             strides = tuple(s // itemsize for s in byte_strides)
     else:
         strides = _layout.contiguous_strides(shape)
-    # The exporter vouches for its layout; ``len`` is the logical size, not the extent of a strided view.
+    # The exporter vouches for its strides; ``len`` is the logical size, not the extent of a
+    # strided view, so it bounds the element count (checked above) but not the strides.
     return _interfaces.wrap_memory(
         view.buf or 0,
         0,
@@ -202,13 +240,29 @@ def _import(
     dtype: DType | None,
     api: str,
 ) -> tuple[Tensor, bool]:
-    """Run one protocol path: the tensor, and whether it is already a private copy."""
+    """Run one protocol path: the tensor, and whether it is already a private copy.
+
+    A producer that refuses DLPack (a `BufferError`: NumPy before 2.1 refuses read-only arrays,
+    which its array interface and buffer serve) is read through the next protocol it offers; when
+    that fails too, the producer's refusal is raised.
+    """
     if path == _DLPACK:
         # The producer makes the copy for copy=True, unless a dtype change will copy anyway.
         producer_copies = copy is True and dtype is None
-        return _dlpack.from_dlpack(
-            obj, device=device, copy=True if producer_copies else copy
-        ), producer_copies
+        try:
+            t = _dlpack.from_dlpack(obj, device=device, copy=True if producer_copies else copy)
+        except BufferError:
+            after = _after_dlpack(obj)
+            if after is None:
+                raise
+            try:
+                return _import(
+                    after[0], obj, after[1], device=device, copy=copy, dtype=dtype, api=api
+                )
+            except Exception:  # the producer's refusal, re-raised below, says more
+                pass
+            raise  # the refusal
+        return t, producer_copies
     if path == _CAPSULE:
         return _dlpack.from_dlpack(obj), False
     if path == _ARROW:
@@ -300,7 +354,8 @@ def asarray(
     dtype: ``array('i')`` is int32, ``bytes`` uint8), or nested sequences and scalars. When an object
     speaks several protocols the first applicable one in this order is used: Tensor, DLPack capsule,
     ``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``, ``__cuda_array_interface__``,
-    ``__array_interface__``, buffer protocol, sequence/scalar.
+    ``__array_interface__``, buffer protocol, sequence/scalar. A producer refusing ``__dlpack__``
+    (`BufferError`) is read through the next of these it offers.
 
     Args:
         obj: what to convert.
@@ -335,7 +390,7 @@ def asarray(
         if copy is False:
             msg = f"{api}(): can't alias arbitrary sequence into a tensor. Pass copy=None or copy=True."
             raise ValueError(msg)
-        return _creation.tensor(obj, dtype=dtype, device=want, requires_grad=requires_grad)
+        return _creation._from_data(obj, dtype, want, requires_grad, api)
     else:
         t, copied = _import(path, obj, found, device=want, copy=copy, dtype=dtype, api=api)
     if dtype is None and want is None and not copy and requires_grad is False:
@@ -350,7 +405,9 @@ def _strides_arg(strides: Any, shape: tuple[int, ...], api: str) -> tuple[int, .
     if strides is None:
         return _layout.contiguous_strides(shape)
     if isinstance(strides, (str, bytes)) or not hasattr(strides, "__iter__"):
-        msg = f"{api}(): strides must be a sequence of ints (in elements); got {strides!r}."
+        msg = (
+            f"{api}(): strides must be a sequence of ints (in elements); got {short_repr(strides)}."
+        )
         raise TypeError(msg)
     out = tuple(_as_int(s, api, "each stride") for s in strides)
     if len(out) != len(shape):

@@ -16,6 +16,7 @@ from typing import Any, Final
 from . import _codec, _dtype, _layout
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
+from ._errors import short_repr
 from ._storage import allocate
 from ._tensor import GRAD_MSG_CREATE, Tensor, _from_bytes
 
@@ -63,7 +64,7 @@ def _scalar_kind(value: Any, api: str) -> str:
     if hasattr(value, "__float__"):
         return "f"
     msg = (
-        f"{api}(): Could not infer dtype of {type(value).__name__}; got {value!r}. "
+        f"{api}(): Could not infer dtype of {type(value).__name__}; got {short_repr(value)}. "
         f"Elements must be bool, int, float or complex."
     )
     raise TypeError(msg)
@@ -231,24 +232,27 @@ def tensor(
         tensor([[1, 2],
                 [3, 4]])
     """
+    return _from_data(data, dtype, device, requires_grad, "tensor")
+
+
+def _from_data(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str) -> Tensor:
+    """`tensor`, with errors naming ``api`` (also `asarray`'s copy of sequences and scalars)."""
     if dtype is not None:
-        dtype = as_dtype(dtype, "tensor")
-    dev = _result_device(device, "tensor")
+        dtype = as_dtype(dtype, api)
+    dev = _result_device(device, api)
     if not isinstance(data, (Tensor, Sequence, numbers.Number)) and _convert.is_protocol_object(
         data
     ):
         return _convert.asarray(
             data, dtype=dtype, device=device, copy=True, requires_grad=requires_grad
         )
-    values, shape, inferred = _flatten(data, "tensor")
+    values, shape, inferred = _flatten(data, api)
     target = dtype or inferred or _dtype.float32
     if len(shape) > _layout.MAX_NDIM:
-        msg = f"tensor(): at most {_layout.MAX_NDIM} dimensions are supported; got {len(shape)}."
+        msg = f"{api}(): at most {_layout.MAX_NDIM} dimensions are supported; got {len(shape)}."
         raise ValueError(msg)
-    _check_values(values, target, "tensor")
-    return _grad(
-        _from_bytes(_codec.pack(target, values), shape, target, dev), requires_grad, "tensor"
-    )
+    _check_values(values, target, api)
+    return _grad(_from_bytes(_codec.pack(target, values), shape, target, dev), requires_grad, api)
 
 
 def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tensor:

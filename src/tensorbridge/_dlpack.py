@@ -24,12 +24,22 @@ Exports through the C exchange API have no capsule and never wait for a reap.
 Deviations from PyTorch (compat.md §2, §3; each one deliberate):
 
 * ``READ_ONLY`` capsules import read-only; read-only tensors are never exported as legacy capsules.
-* Legacy (flagless) capsules import **writable**, as in PyTorch (NumPy makes them read-only).
-* Non-producers, foreign capsules and consumed capsules get three distinct errors (F8).
-* The no-keyword fallback happens only when the producer's signature rejected the keywords (F9).
+* Legacy (flagless) capsules import **writable**, as in PyTorch (NumPy makes them read-only),
+  except from a producer that also speaks the Arrow C data interface (pyarrow 15 exports legacy
+  capsules only): Arrow memory is immutable, so those capsules import read-only.
+* Non-producers (`NotDLPackError`, a `TypeError` and an `AttributeError`), foreign capsules
+  (`TypeError`) and consumed capsules (PyTorch's `RuntimeError`) get three distinct errors, where
+  PyTorch raises its "invalid capsule" `RuntimeError` for all three.
+* A producer is asked again with fewer keywords only when its signature rejected them (a
+  ``__dlpack__`` older than the 2023.12 array API, such as NumPy's before 2.1), and only with the
+  keywords it takes: never when a ``device`` move or a device ``copy`` would be lost. A
+  ``copy=True`` request it cannot take is met by copying the imported host memory. PyTorch
+  retries on every `TypeError`, even ones unrelated to the keywords.
 * A view with negative strides is exported as a compact copy flagged ``IS_COPIED`` (``copy=None``)
   or refused (``copy=False``): ``torch.from_dlpack`` aborts the process on negative strides
-  (pytorch/pytorch#188023). Imports keep negative strides as they are.
+  (pytorch/pytorch#188023). Negative strides that address nothing (on dimensions of size 1, or in
+  a tensor without elements) are exported as their absolute values, with no copy. Imports keep
+  negative strides as they are.
 * A PyTorch negative-bit view is resolved before import (PyTorch exports it without its sign, F5).
 * Memory that is not host-accessible (CUDA, ROCm, Metal, ...) is carried and re-exported as it is,
   and never dereferenced on the host.
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import operator
 import struct
 import sys
 from typing import Any, Final, TypeVar
@@ -57,6 +68,7 @@ from ._dlpack_abi import (
     DLPackDeleter,
 )
 from ._dtype import BY_DLPACK, DType
+from ._errors import NotDLPackError, short_repr
 from ._layout import contiguous_strides
 from ._storage import ADDRESS_LIMIT, DLPackStorage, Storage
 from ._tensor import Tensor
@@ -95,14 +107,6 @@ _TORCH_CAPSULE_KWARGS: Final = (
     "device and copy kwargs not supported when ext_tensor is already a DLPack capsule."
 )
 _TORCH_GRAD: Final = "Can't export tensors that require gradient, use tensor.detach()"
-
-
-class _NotDLPackError(TypeError, AttributeError):
-    """``from_dlpack`` got neither a DLPack producer nor a capsule.
-
-    A `TypeError` by meaning (an argument of the wrong type), and an `AttributeError`, which the
-    array API specifies for an object without ``__dlpack__`` (compat.md F8): catch either.
-    """
 
 
 # -------------------------------------------------------------------------------------------------
@@ -204,16 +208,18 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
         during interpreter shutdown, where the memory is leaked instead).
 
     Raises:
-        TypeError: ``ext_tensor`` is neither a producer nor a capsule (the error is also an
-            `AttributeError`), or a capsule of another kind; ``device``/``copy`` of a wrong type.
+        NotDLPackError: ``ext_tensor`` is neither a producer nor a capsule; a `TypeError` and an
+            `AttributeError` (``tensorbridge.NotDLPackError``).
+        TypeError: a capsule of another kind; ``device``/``copy`` of a wrong type; a
+            ``__dlpack_device__`` that does not return a ``(device_type, device_id)`` pair.
         RuntimeError: the capsule was consumed already.
         BufferError: the data cannot be represented (dtype, device, major version, layout); the
             producer's own `BufferError` passes through unchanged. The capsule stays unconsumed.
         ValueError: ``copy=False`` but the request needs a copy or a move.
 
     Note:
-        A producer type that advertises the DLPack C exchange API (``__dlpack_c_exchange_api__``,
-        dlpack.md §9; ``torch.Tensor`` from PyTorch 2.10) hands its host memory over through that
+        A producer type that advertises the DLPack C exchange API (``__dlpack_c_exchange_api__``;
+        ``torch.Tensor`` from PyTorch 2.10) hands its host memory over through that
         table instead, with no ``__dlpack__`` call and no capsule. The result, the checks and the
         errors are those of the ``__dlpack__`` path.
 
@@ -229,6 +235,7 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
         cls = type(ext_tensor)
         if cls is Tensor:
             return _alias(ext_tensor)
+        immutable = False
         if cls is not _CapsuleType:
             producer = _PRODUCERS.get(cls) or _producer(cls)
             if producer.exchange is not None:
@@ -236,7 +243,8 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
                 if t is not None:
                     return t
             ext_tensor = _request(ext_tensor, producer, None, None)
-        t, used_name, deleter = _open(ext_tensor)
+            immutable = producer.immutable
+        t, used_name, deleter = _open(ext_tensor, immutable)
         # `_commit`, inlined on the hot path: rename, then arm the storage.
         _capi.PyCapsule_SetName(ext_tensor, used_name)
         if deleter:
@@ -256,13 +264,13 @@ def _alias(t: Tensor) -> Tensor:
     return Tensor._make(t._storage, t._offset, t._shape, t._strides, t._dtype)
 
 
-def _not_a_producer(obj: Any) -> _NotDLPackError:
+def _not_a_producer(obj: Any) -> NotDLPackError:
     msg = (
         f"from_dlpack(): expected an object with a __dlpack__ method or a DLPack capsule; got "
         f"an object of type {type(obj).__name__}. Pass a tensor or array of a DLPack-aware "
         f"library (NumPy, PyTorch, JAX, CuPy, ...) or a capsule made by its to_dlpack()."
     )
-    return _NotDLPackError(msg)
+    return NotDLPackError(msg)
 
 
 def _as_target(device: Any) -> Device | None:
@@ -272,7 +280,7 @@ def _as_target(device: Any) -> Device | None:
         return Device(device)  # ValueError for an unknown name, as the array API expects
     msg = (
         f"from_dlpack(): device must be a string like 'cpu' or a tensorbridge.device; got "
-        f"{device!r} ({type(device).__name__})."
+        f"{short_repr(device)} ({type(device).__name__})."
     )
     raise TypeError(msg)
 
@@ -281,7 +289,7 @@ def _as_copy(copy: Any, api: str) -> bool | None:
     """The array API's ``copy`` argument (None, True or False; also `asarray`'s)."""
     if copy is None or isinstance(copy, bool):
         return copy
-    msg = f"{api}(): copy must be None, True or False; got {copy!r} ({type(copy).__name__})."
+    msg = f"{api}(): copy must be None, True or False; got {short_repr(copy)} ({type(copy).__name__})."
     raise TypeError(msg)
 
 
@@ -333,15 +341,21 @@ class _Producer:
         neg_bit: instances may be PyTorch negative-bit views (``is_neg``/``resolve_neg``, duck
             typed: torch.Tensor and its subclasses), which are resolved before export (F5).
         exchange: the C exchange API the type itself advertises, major version 1; None without.
+        immutable: the type also speaks the Arrow C data interface (``__arrow_c_array__``), whose
+            memory is immutable: its legacy capsules, which cannot say ``READ_ONLY``, are imported
+            read-only. pyarrow 15 exports only such capsules (pyarrow 26 answers ``max_version``
+            with READ_ONLY versioned ones); writing through them would change an Arrow array
+            that every other view of it takes for constant.
         screen: for ``torch.Tensor``, ``torch.strided``: its exchange function checks less than
             its ``__dlpack__`` (no autograd, conjugate or negative bit, layout), so tensors with any
             of those take the ``__dlpack__`` path, which refuses or resolves them as before.
     """
 
-    __slots__ = ("exchange", "neg_bit", "screen")
+    __slots__ = ("exchange", "immutable", "neg_bit", "screen")
 
     def __init__(self, cls: type) -> None:
         self.neg_bit = hasattr(cls, "is_neg") and hasattr(cls, "resolve_neg")
+        self.immutable = hasattr(cls, "__arrow_c_array__")
         self.exchange = exchange_api(cls)
         torch = sys.modules.get("torch")
         self.screen = torch.strided if torch is not None and cls is torch.Tensor else None
@@ -431,14 +445,15 @@ def _exchange_import(producer: _Producer, obj: Any) -> Tensor | None:
 
 
 def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | None) -> Any:
-    """Call ``obj.__dlpack__`` as a current consumer does (dlpack.md §7); return the capsule.
+    """Call ``obj.__dlpack__`` as a current consumer does; return the capsule.
 
     Asks for ``max_version=(1, 3)``, plus ``dl_device``/``copy`` when requested. tensorbridge has no
     stream of its own: for CUDA/ROCm data it passes the legacy default stream explicitly (CUDA 1,
-    ROCm 0; dlpack.md §5), so the producer makes the data ready there; on re-export, consumer
-    streams are ordered after that stream. CPU producers get no ``stream`` (NumPy refuses any). A
-    producer whose signature rejects the keywords (before the 2023.12 array API) is called again
-    without them, but only when no ``device``/``copy`` request would be lost (compat.md F9).
+    ROCm 0), so the producer makes the data ready there; on re-export, consumer streams are ordered
+    after that stream. CPU producers get no ``stream`` (NumPy refuses any). A producer whose
+    signature rejects keywords (one older than the 2023.12 array API, such as NumPy before 2.1) is
+    asked again with the keywords it takes, when nothing is lost that tensorbridge cannot make up
+    for (see `_fewer_keywords`).
     """
     export = getattr(obj, "__dlpack__", None)
     if export is None:
@@ -448,17 +463,27 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
         export = obj.__dlpack__
     device_fn = getattr(obj, "__dlpack_device__", None)
     source = None if device_fn is None else device_fn()
+    if source is not None and not (
+        type(source) is tuple
+        and len(source) == 2
+        and type(source[0]) is int
+        and type(source[1]) is int
+    ):
+        source = _device_pair(obj, source)  # an IntEnum pair (PyTorch), a list, or garbage
+    if target is None and copy is None and (source is None or source[0] in _HOST_TYPES):
+        kwargs: dict[str, Any] = _MAX_VERSION_ONLY
+    else:
+        kwargs = _request_kwargs(source, target, copy)
     try:
-        if target is None and copy is None and (source is None or source[0] in _HOST_TYPES):
-            kwargs: dict[str, Any] = _MAX_VERSION_ONLY
+        if kwargs is _MAX_VERSION_ONLY:
             capsule = export(max_version=_MAX_VERSION)  # the common case: nothing else to ask
         else:
-            kwargs = _request_kwargs(source, target, copy)
             capsule = export(**kwargs)
     except TypeError as exc:
-        if target is not None or copy is not None or not _rejects_keywords(export, exc, kwargs):
+        fewer = _fewer_keywords(obj, export, exc, kwargs, source, target, copy)
+        if fewer is None:
             raise
-        capsule = export()  # a failure here keeps the first TypeError as its context
+        capsule = export(**fewer)  # a failure here keeps the first TypeError as its context
     if type(capsule) is not _CapsuleType:
         msg = (
             f"from_dlpack(): {type(obj).__name__}.__dlpack__() returned an object of type "
@@ -466,6 +491,23 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
         )
         raise TypeError(msg)
     return capsule
+
+
+def _device_pair(obj: Any, source: Any) -> tuple[int, int]:
+    """What ``__dlpack_device__`` returned, as a ``(device_type, device_id)`` pair of ints."""
+    if isinstance(source, (tuple, list)) and len(source) == 2:
+        try:
+            pair = tuple(operator.index(v) if not isinstance(v, bool) else None for v in source)
+        except TypeError:
+            pair = (None, None)
+        if None not in pair:
+            return pair  # type: ignore[return-value]
+    msg = (
+        f"from_dlpack(): {type(obj).__name__}.__dlpack_device__() must return a (device_type, "
+        f"device_id) tuple of ints; got {short_repr(source)}. The producer is broken; pass its "
+        f"capsule (__dlpack__()) instead."
+    )
+    raise TypeError(msg)
 
 
 def _request_kwargs(
@@ -501,31 +543,70 @@ def _resolve_neg(obj: Any, copy: bool | None) -> Any:
     return obj.resolve_neg()
 
 
-def _rejects_keywords(export: Any, exc: TypeError, kwargs: dict[str, Any]) -> bool:
-    """True when ``exc`` says the producer's signature does not take ``kwargs``."""
+def _fewer_keywords(
+    obj: Any,
+    export: Any,
+    exc: TypeError,
+    kwargs: dict[str, Any],
+    source: tuple[int, int] | None,
+    target: Device | None,
+    copy: bool | None,
+) -> dict[str, Any] | None:
+    """The keywords to ask again with, after ``exc``; None when ``exc`` is not about them.
+
+    ``__dlpack__`` before the 2023.12 array API takes ``stream`` only (NumPy before 2.1 takes no
+    ``max_version``, ``dl_device`` or ``copy``): it is asked again with the keywords its signature
+    takes (``stream`` alone for a builtin without one). Dropping ``max_version`` costs nothing (the
+    capsule says which kind it is); a ``copy=True`` the producer cannot take is made up for by
+    copying host memory after the import, and ``copy=False`` holds anyway, since an old
+    ``__dlpack__`` never copies. What cannot be made up for is refused with a `TypeError`: a copy
+    of memory that is not known to be on the host, a move to another device, or a ``stream`` the
+    producer must order the data on.
+    """
     if "keyword" not in str(exc):
-        return False
+        return None
     try:
-        params = inspect.signature(export).parameters
+        params: Any = inspect.signature(export).parameters
     except (TypeError, ValueError):
-        return True  # a builtin without a signature: the message is all there is
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return False
-    return any(name not in params for name in kwargs)
+        params = ("stream",)  # a builtin without a signature: the keyword every version takes
+    else:
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return None
+    fewer = {name: value for name, value in kwargs.items() if name in params}
+    lost = [name for name in kwargs if name not in fewer]
+    if not lost:
+        return None  # the producer takes every keyword: the error is about something else
+    host = source is not None and source[0] in _HOST_TYPES
+    moved = (
+        "dl_device" in lost
+        and target is not None
+        and source is not None
+        and _needs_move(source, target)
+    )
+    if ("copy" in lost and copy and not host) or "stream" in lost or moved:
+        msg = (
+            f"from_dlpack(): {type(obj).__name__}.__dlpack__() does not take the keywords "
+            f"{lost} ({exc}), and tensorbridge cannot do without them for memory on device "
+            f"{source}. Call from_dlpack() without device= and copy=, or upgrade the producer."
+        )
+        raise TypeError(msg) from exc
+    return fewer
 
 
-def _consume(capsule: Any) -> Tensor:
-    """Import a capsule and take ownership of its managed tensor."""
-    t, used_name, deleter = _open(capsule)
+def _consume(capsule: Any, immutable: bool = False) -> Tensor:
+    """Import a capsule and take ownership of its managed tensor (see `_open`)."""
+    t, used_name, deleter = _open(capsule, immutable)
     _commit(capsule, t._storage, used_name, deleter)
     return t
 
 
-def _open(capsule: Any) -> tuple[Tensor, bytes, int]:
+def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
     """Read and validate a capsule without consuming it.
 
     Returns the tensor (its storage not yet armed), the ``used_*`` name and the deleter address. On
     any error the capsule is left as it was, so its destructor still frees the producer's memory.
+    ``immutable``: the producer's memory is immutable, so a legacy capsule, which cannot say
+    ``READ_ONLY``, is imported read-only.
     """
     if type(capsule) is not _CapsuleType:
         raise _not_a_producer(capsule)
@@ -534,8 +615,9 @@ def _open(capsule: Any) -> tuple[Tensor, bytes, int]:
     except ValueError:
         managed = _legacy_pointer(capsule)
         fields = _read(_LEGACY, managed)
-        # A legacy capsule cannot say read-only: like PyTorch, tensorbridge imports it writable.
-        return _tensor(managed, fields[:8], False, False), USED_DLTENSOR, fields[9]
+        # A legacy capsule cannot say read-only: like PyTorch, tensorbridge imports it writable,
+        # unless its producer is known to hand out immutable memory.
+        return _tensor(managed, fields[:8], immutable, False), USED_DLTENSOR, fields[9]
     t, deleter = _versioned(managed)
     return t, USED_DLTENSOR_VERSIONED, deleter
 
@@ -710,7 +792,7 @@ def _legacy_pointer(capsule: Any) -> int:
     shown = name.decode("ascii", "replace") if name is not None else None
     msg = (
         f"from_dlpack(): expected a capsule named 'dltensor' or 'dltensor_versioned'; got a "
-        f"capsule named {shown!r}. Only DLPack capsules can be imported."
+        f"capsule named {short_repr(shown)}. Only DLPack capsules can be imported."
     )
     raise TypeError(msg)
 
@@ -733,7 +815,7 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
     if type(ext_tensor) is _CapsuleType:
         return _from_capsule_with(ext_tensor, target, copy)
     producer = _PRODUCERS.get(type(ext_tensor)) or _producer(type(ext_tensor))
-    t = _consume(_request(ext_tensor, producer, target, copy))
+    t = _consume(_request(ext_tensor, producer, target, copy), producer.immutable)
     if target is not None:
         t = _relabel(t, target)
     if copy and not t._storage.is_copied and t._storage.device.is_host_accessible:
@@ -890,7 +972,12 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
     if dl_device is not None:
         device = _export_device(dl_device, device, copy, api)
     strides = t._strides
-    copied = copy is True or (len(strides) > 0 and min(strides) < 0)
+    copied = copy is True
+    if not copied and strides and min(strides) < 0:
+        if has_negative_stride(t._shape, strides):
+            copied = True
+        else:
+            t = with_idle_strides_positive(t)  # nothing to copy: the strides address nothing
     if copied:
         t = _export_copy(t, copy, api)
     elif t._storage.readonly and not versioned:
@@ -905,6 +992,36 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
     return _new_capsule(t, device, versioned, copied)
 
 
+def has_negative_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when a stride that addresses memory is negative.
+
+    The stride of a dimension of size 1 is never multiplied by a non-zero index, and a tensor
+    without elements addresses nothing at all: their strides are irrelevant, and a negative one
+    needs no copy before an export to a consumer that refuses negative strides (PyTorch aborts on
+    them, pytorch/pytorch#188023). The one rule for every exporter (`_export`, ``Tensor.torch()``).
+    """
+    if not strides or min(strides) >= 0 or 0 in shape:
+        return False
+    return any(stride < 0 and size > 1 for size, stride in zip(shape, strides))
+
+
+def with_idle_strides_positive(t: Tensor) -> Tensor:
+    """``t``, or a view of the same memory whose irrelevant negative strides are made positive.
+
+    Irrelevant: those `has_negative_stride` ignores (dimensions of size 1; every dimension of a
+    tensor without elements). Their absolute value keeps the memory the view addresses unchanged.
+    """
+    strides = t._strides
+    if not strides or min(strides) >= 0:
+        return t
+    empty = 0 in t._shape
+    strides = tuple(
+        -stride if stride < 0 and (empty or size == 1) else stride
+        for size, stride in zip(t._shape, strides)
+    )
+    return Tensor._make(t._storage, t._offset, t._shape, strides, t._dtype)
+
+
 def _wants_versioned(max_version: Any, api: str) -> bool:
     if max_version is None:
         return False
@@ -914,7 +1031,7 @@ def _wants_versioned(max_version: Any, api: str) -> bool:
             return major >= 1
     msg = (
         f"{api}(): max_version must be None or a (major, minor) pair of ints; got "
-        f"{max_version!r}. Pass e.g. max_version=(1, 0)."
+        f"{short_repr(max_version)}. Pass e.g. max_version=(1, 0)."
     )
     raise TypeError(msg)
 
@@ -923,7 +1040,7 @@ def _check_stream(stream: Any, device: Device, api: str) -> None:
     """Validate ``stream`` for the tensor's device (dlpack.md §5), with PyTorch's texts."""
     if type(stream) is not int:
         msg = (
-            f"{api}(): stream must be ``int`` or ``none``; got {stream!r} "
+            f"{api}(): stream must be ``int`` or ``none``; got {short_repr(stream)} "
             f"({type(stream).__name__})."
         )
         raise TypeError(msg)
@@ -938,7 +1055,7 @@ def _check_stream(stream: Any, device: Device, api: str) -> None:
     else:
         ok, why = stream == -1, f"stream should be None on {device.type}."
     if not ok:
-        msg = f"{api}(): {why} Got stream={stream!r}; pass stream=None for this tensor."
+        msg = f"{api}(): {why} Got stream={short_repr(stream)}; pass stream=None for this tensor."
         raise BufferError(msg)
 
 
@@ -949,7 +1066,9 @@ def _export_device(dl_device: Any, device: Device, copy: bool | None, api: str) 
         and len(dl_device) == 2
         and all(isinstance(v, int) and not isinstance(v, bool) for v in dl_device)
     ):
-        msg = f"{api}(): dl_device must be a tuple of two ints or None; got {dl_device!r}."
+        msg = (
+            f"{api}(): dl_device must be a tuple of two ints or None; got {short_repr(dl_device)}."
+        )
         raise TypeError(msg)
     kind, index = int(dl_device[0]), int(dl_device[1])
     own_kind, own_index = device.to_dlpack()

@@ -32,6 +32,7 @@ from typing import Any, Final, NamedTuple
 from . import _capi, _cuda, _dlpack, _dtype, _layout
 from ._device import CPU, Device
 from ._dtype import BY_TYPESTR, DType
+from ._errors import short_repr
 from ._layout import _as_int
 from ._storage import ADDRESS_LIMIT, Storage, hold_buffer
 from ._tensor import Tensor, _from_bytes
@@ -142,19 +143,19 @@ _VERSIONS: Final = {"__array_interface__": (3,), "__cuda_array_interface__": (0,
 def _typestr_dtype(typestr: object, api: str, name: str) -> DType:
     """The dtype of a typestr such as ``'<f4'``; other byte orders and kinds are a `BufferError`."""
     if not isinstance(typestr, str):
-        msg = f"{api}(): {name} 'typestr' must be a str like '<f4'; got {typestr!r} ({type(typestr).__name__})."
+        msg = f"{api}(): {name} 'typestr' must be a str like '<f4'; got {short_repr(typestr)} ({type(typestr).__name__})."
         raise TypeError(msg)
     dtype = BY_TYPESTR.get(typestr[1:]) if typestr[:1] in "<>|=" else None
     if dtype is None:
         msg = (
-            f"{api}(): {name} typestr {typestr!r} is not supported; tensorbridge takes bool ('|b1'), "
+            f"{api}(): {name} typestr {short_repr(typestr)} is not supported; tensorbridge takes bool ('|b1'), "
             f"integers ('<i4', '|u1', ...), floats ('<f2', '<f4', '<f8') and complex ('<c8', '<c16')."
         )
         raise BufferError(msg)
     if dtype.itemsize > 1 and typestr[0] in "<>" and typestr[0] != _NATIVE_ORDER:
         # dlpack.md §8 "Endianness": tensors are native-endian; a byte-swapped view would read garbage.
         msg = (
-            f"{api}(): {name} typestr {typestr!r} has non-native byte order; tensorbridge needs native "
+            f"{api}(): {name} typestr {short_repr(typestr)} has non-native byte order; tensorbridge needs native "
             f"order ({_NATIVE_ORDER!r}). Byte-swap the data first (NumPy: a.astype(a.dtype.newbyteorder('='))."
         )
         raise BufferError(msg)
@@ -176,15 +177,15 @@ def _check_descr(iface: dict[str, Any], dtype: DType, api: str, name: str) -> No
     )
     if not ok or _typestr_dtype(descr[0][1], api, name) is not dtype:
         msg = (
-            f"{api}(): {name} descr {descr!r} describes a structured or different type than typestr "
-            f"{iface['typestr']!r}; only simple types are supported. Pass each field separately."
+            f"{api}(): {name} descr {short_repr(descr)} describes a structured or different type than typestr "
+            f"{short_repr(iface['typestr'])}; only simple types are supported. Pass each field separately."
         )
         raise BufferError(msg)
 
 
 def _shape_of(value: object, api: str, name: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)):
-        msg = f"{api}(): {name} 'shape' must be a tuple of ints; got {value!r} ({type(value).__name__})."
+        msg = f"{api}(): {name} 'shape' must be a tuple of ints; got {short_repr(value)} ({type(value).__name__})."
         raise TypeError(msg)
     shape = _ints(value, api, f"each {name} shape entry")
     if any(s < 0 for s in shape) or len(shape) > _layout.MAX_NDIM:
@@ -203,7 +204,7 @@ def _strides_of(
     if value is None:
         return _layout.contiguous_strides(shape)
     if not isinstance(value, (tuple, list)):
-        msg = f"{api}(): {name} 'strides' must be None or a tuple of ints; got {value!r} ({type(value).__name__})."
+        msg = f"{api}(): {name} 'strides' must be None or a tuple of ints; got {short_repr(value)} ({type(value).__name__})."
         raise TypeError(msg)
     strides = _ints(value, api, f"each {name} stride")
     if len(strides) != len(shape):
@@ -229,11 +230,11 @@ def _parse_layout(iface: object, api: str, name: str) -> tuple[dict[str, Any], _
         raise TypeError(msg)
     for key in ("shape", "typestr", "version"):
         if key not in iface:
-            msg = f"{api}(): {name} has no {key!r} key; got keys {sorted(iface)}. The producer is malformed."
+            msg = f"{api}(): {name} has no {key!r} key; got keys {short_repr(sorted(iface))}. The producer is malformed."
             raise ValueError(msg)
     if iface["version"] not in _VERSIONS[name] or isinstance(iface["version"], bool):
         msg = (
-            f"{api}(): {name} version {iface['version']!r} is not supported; expected one of "
+            f"{api}(): {name} version {short_repr(iface['version'])} is not supported; expected one of "
             f"{list(_VERSIONS[name])}."
         )
         raise BufferError(msg)
@@ -254,7 +255,7 @@ def _data_pointer(data: object, api: str, name: str) -> tuple[int, bool]:
     """``data`` as the ``(address, read-only flag)`` pair."""
     if not (isinstance(data, tuple) and len(data) == 2):
         msg = (
-            f"{api}(): {name} 'data' must be a (pointer, read_only) tuple; got {data!r} "
+            f"{api}(): {name} 'data' must be a (pointer, read_only) tuple; got {short_repr(data)} "
             f"({type(data).__name__})."
         )
         raise TypeError(msg)
@@ -333,7 +334,7 @@ def import_cuda_array_interface(obj: object, iface: object, api: str) -> Tensor:
     name = "__cuda_array_interface__"
     iface, layout = _parse_layout(iface, api, name)
     if "data" not in iface:
-        msg = f"{api}(): {name} has no 'data' key; got keys {sorted(iface)}. The producer is malformed."
+        msg = f"{api}(): {name} has no 'data' key; got keys {short_repr(sorted(iface))}. The producer is malformed."
         raise ValueError(msg)
     ptr, readonly = _data_pointer(iface["data"], api, name)
     stream = _cai_stream(iface.get("stream"), api)
@@ -383,11 +384,19 @@ _CAI_EXPORT_STREAM: Final = 1  # the legacy default stream (see cuda_array_inter
 
 
 # ---------------------------------------------------------------------------------------------- export
-def interface_dict(t: Tensor, typestr: str) -> dict[str, Any]:
+# The data pointer ``__array_interface__`` gives for a tensor without elements: a valid, 64-byte
+# aligned address (NumPy before 2.4 refuses NULL there, "setting an array element with a
+# sequence"). Nothing is ever read or written through it: the array has no elements.
+_EMPTY_BLOCK: Final = ctypes.create_string_buffer(128)
+EMPTY_DATA: Final = -(-ctypes.addressof(_EMPTY_BLOCK) // 64) * 64
+
+
+def interface_dict(t: Tensor, typestr: str, empty_data: int = 0) -> dict[str, Any]:
     """The fields ``__array_interface__`` and ``__cuda_array_interface__`` share (version 3).
 
-    ``data`` is ``(pointer to element [0, ..., 0], read-only flag)``, the pointer 0 for an empty
-    tensor (as the CUDA interface requires); ``strides`` is None for C-contiguous tensors (both
+    ``data`` is ``(pointer to element [0, ..., 0], read-only flag)``; for a tensor without elements
+    the pointer is ``empty_data``: 0 for the CUDA interface (its specification asks for 0), a valid
+    host address (`EMPTY_DATA`) for NumPy's. ``strides`` is None for C-contiguous tensors (both
     specs' preferred form) and byte strides otherwise. ``descr`` is left out: it is optional in
     both, and would only restate ``typestr``.
     """
@@ -396,7 +405,7 @@ def interface_dict(t: Tensor, typestr: str) -> dict[str, Any]:
         "version": 3,
         "shape": tuple(t._shape),
         "typestr": typestr,
-        "data": (t.data_ptr() if t.numel() else 0, t._storage.readonly),
+        "data": (t.data_ptr() if t.numel() else empty_data, t._storage.readonly),
         "strides": None if t.is_contiguous() else tuple(s * itemsize for s in t._strides),
     }
 
@@ -423,7 +432,7 @@ def array_interface(t: Tensor) -> dict[str, Any]:
         )
         msg = f"__array_interface__: not available, {reason}; use __dlpack__() instead."
         raise AttributeError(msg)
-    return interface_dict(t, typestr)
+    return interface_dict(t, typestr, EMPTY_DATA)
 
 
 def cuda_array_interface(t: Tensor) -> dict[str, Any]:
@@ -667,7 +676,7 @@ def _arrow_tensor(
 
 def _capsule_pointer(capsule: object, name: bytes, api: str) -> int:
     if not isinstance(capsule, _capi.CapsuleType) or not _capi.PyCapsule_IsValid(capsule, name):
-        msg = f"{api}(): expected a PyCapsule named {name.decode()!r} from the Arrow producer; got {capsule!r}."
+        msg = f"{api}(): expected a PyCapsule named {name.decode()!r} from the Arrow producer; got {short_repr(capsule)}."
         raise TypeError(msg)
     return int(_capi.PyCapsule_GetPointer(capsule, name))
 
@@ -682,7 +691,7 @@ def import_arrow_array(method: Any, copy: bool | None, api: str) -> tuple[Tensor
     """
     result = method()
     if not (isinstance(result, tuple) and len(result) == 2):
-        msg = f"{api}(): __arrow_c_array__() must return (schema capsule, array capsule); got {result!r}."
+        msg = f"{api}(): __arrow_c_array__() must return (schema capsule, array capsule); got {short_repr(result)}."
         raise TypeError(msg)
     schema_capsule, array_capsule = result
     schema = ArrowSchema.from_address(_capsule_pointer(schema_capsule, _ARROW_SCHEMA, api))
@@ -787,10 +796,10 @@ class _NumPyExport:
 
     def __init__(self, t: Tensor, typestr: str) -> None:
         self.tensor = t
-        self.__array_interface__ = interface_dict(t, typestr)
+        self.__array_interface__ = interface_dict(t, typestr, EMPTY_DATA)
 
 
-def to_numpy(t: Tensor, *, force: bool = False) -> Any:
+def to_numpy(t: Tensor, *, force: bool = False, api: str = "numpy") -> Any:
     """``Tensor.numpy()``: a NumPy array sharing the tensor's memory (PyTorch's ``Tensor.numpy``).
 
     The array keeps the tensor (and so its memory) alive; a read-only tensor gives a read-only array.
@@ -799,7 +808,7 @@ def to_numpy(t: Tensor, *, force: bool = False) -> Any:
     memory is still shared, because NumPy represents every host layout tensorbridge has (negative and
     zero strides, read-only). Device memory cannot be converted: tensorbridge never copies it to the host.
     """
-    np = _peer("numpy", "numpy")
+    np = _peer("numpy", api)
     if t.requires_grad and not force:
         msg = (
             "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
@@ -808,7 +817,7 @@ def to_numpy(t: Tensor, *, force: bool = False) -> Any:
     device = t._storage.device
     if not device.is_host_accessible:
         msg = (
-            f"numpy(): can't convert {device} device type tensor to numpy; its memory is not "
+            f"{api}(): can't convert {device} device type tensor to numpy; its memory is not "
             f"host-accessible and tensorbridge does not copy between devices. Export it with "
             f"__dlpack__ to a library for {device.type}."
         )
@@ -818,7 +827,7 @@ def to_numpy(t: Tensor, *, force: bool = False) -> Any:
         return np.asarray(_NumPyExport(t, dtype.typestr))
     if dtype.name not in _ML_DTYPES:
         msg = (
-            f"numpy(): NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw bytes "
+            f"{api}(): NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw bytes "
             f"with t.view(tensorbridge.uint8).numpy()."
         )
         raise TypeError(msg)
@@ -826,33 +835,56 @@ def to_numpy(t: Tensor, *, force: bool = False) -> Any:
         import ml_dtypes
     except ImportError:
         msg = (
-            f"numpy(): NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes) to "
+            f"{api}(): NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes) to "
             f"convert it, or view the raw bits with t.view(tensorbridge.uint{dtype.bits}).numpy()."
         )
         raise TypeError(msg) from None
+    ml_type = getattr(ml_dtypes, dtype.name, None)
+    if ml_type is None:  # older ml_dtypes lack the newer types (0.5 has no complex32)
+        version = getattr(ml_dtypes, "__version__", "?")
+        msg = (
+            f"{api}(): NumPy has no {dtype.name} dtype, and the installed ml_dtypes {version} has "
+            f"none either; upgrade ml_dtypes (pip install -U ml_dtypes), or view the raw bits with "
+            f"t.view(tensorbridge.uint{dtype.bits}).numpy()."
+        )
+        raise TypeError(msg)
     raw = np.asarray(_NumPyExport(t, _UNSIGNED_TYPESTR[dtype.itemsize]))
-    return raw.view(getattr(ml_dtypes, dtype.name))
+    return raw.view(ml_type)
 
 
-def _has_negative_stride(t: Tensor) -> bool:
-    """True when a stride that matters (a dimension of size > 1 in a non-empty tensor) is negative."""
-    return t.numel() > 0 and any(
-        stride < 0 and size > 1 for size, stride in zip(t.shape, t._strides, strict=True)
-    )
+def numpy_array(t: Tensor, dtype: Any = None, copy: Any = None) -> Any:
+    """``Tensor.__array__``: what ``numpy.asarray(t)`` gets where ``__array_interface__`` cannot serve.
+
+    NumPy asks ``__array_interface__`` first, which has no typestr for bfloat16, complex32 and the
+    float8 types and refuses device memory; without ``__array__`` NumPy would then fall back to
+    ``__len__``/``__getitem__`` and build an object array of 0-d tensors. Here those dtypes become
+    ml_dtypes arrays sharing the memory, as in `to_numpy`; without ml_dtypes, and for device memory
+    and float4_e2m1fn_x2, a `TypeError` names what is missing. A tensor that requires grad is
+    refused with PyTorch's `RuntimeError`, as ``torch.Tensor.__array__`` does.
+
+    Args:
+        t: the tensor.
+        dtype: NumPy's requested dtype, if any: a converting copy when it differs.
+        copy: NumPy 2's ``copy``: True copies; False refuses a conversion (`ValueError`).
+    """
+    np = _peer("numpy", "__array__")
+    array = to_numpy(t, api="__array__")
+    if dtype is not None and array.dtype != np.dtype(dtype):
+        if copy is False:
+            msg = (
+                f"__array__(): converting {t.dtype} to NumPy dtype {np.dtype(dtype)} needs a copy, "
+                f"and copy=False forbids it. Pass copy=None, or convert with Tensor.to() first."
+            )
+            raise ValueError(msg)
+        return array.astype(dtype)
+    return array.copy() if copy else array
 
 
 def _for_torch(t: Tensor) -> Tensor:
-    """A detached view of ``t`` whose meaningless strides (size-1 dims, empty tensors) are not negative.
-
-    Such strides address nothing, but DLPack exporters copy on any negative stride to protect PyTorch.
-    """
-    strides = t._strides
-    if any(s < 0 for s in strides):
-        empty = t.numel() == 0
-        strides = tuple(
-            abs(s) if empty or n == 1 else s for n, s in zip(t.shape, strides, strict=True)
-        )
-    return Tensor._make(t._storage, t._offset, t._shape, strides, t._dtype)
+    """A detached view of ``t`` whose irrelevant negative strides (size-1 dims, empty tensors) are
+    positive: they address nothing, and PyTorch aborts on any negative stride."""
+    t = _dlpack.with_idle_strides_positive(t)
+    return Tensor._make(t._storage, t._offset, t._shape, t._strides, t._dtype)
 
 
 def to_torch(t: Tensor, *, force: bool = False) -> Any:
@@ -873,7 +905,7 @@ def to_torch(t: Tensor, *, force: bool = False) -> Any:
         "it is read-only and PyTorch has no read-only tensors (writes would reach the read-only memory)"
         if t._storage.readonly
         else "it has negative strides, which PyTorch cannot represent"
-        if negative and _has_negative_stride(t)
+        if negative and _dlpack.has_negative_stride(t._shape, strides)
         else None
     )
     if reason is not None:

@@ -767,6 +767,11 @@ class Tensor:
         """The CUDA array interface (version 3); CPU tensors do not have it (AttributeError)."""
         return _interfaces.cuda_array_interface(self)
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        """NumPy's last protocol: dtypes and memory ``__array_interface__`` cannot give (ml_dtypes
+        arrays for bfloat16, float8 and complex32; a TypeError otherwise); see `_interfaces`."""
+        return _interfaces.numpy_array(self, dtype, copy)
+
     def __buffer__(self, flags: int) -> memoryview:
         """PEP 688 buffer export (Python 3.12+): ``memoryview(t)``."""
         return _buffer.buffer_export(self, flags)
