@@ -586,3 +586,20 @@ def test_errors_show_user_input_on_one_short_line(call, api):
     assert "\n" not in text
     assert "<Sprawling line 0: xxx" in text
     assert len(text) < 400
+
+
+class _BrokenProducer:
+    """A DLPack producer whose ``__dlpack_device__`` answers garbage."""
+
+    def __dlpack__(self, **kwargs):
+        return None
+
+    def __dlpack_device__(self):
+        return "not a device"
+
+
+@pytest.mark.parametrize("api", ["asarray", "tensor", "from_dlpack"])
+def test_dlpack_import_errors_name_the_function_called(api):
+    """A DLPack import refused inside asarray() or tensor() names that function, not from_dlpack."""
+    with pytest.raises(TypeError, match=rf"^{api}\(\): .*__dlpack_device__\(\) must return"):
+        getattr(tb, api)(_BrokenProducer())

@@ -230,6 +230,22 @@ def _from_buffer(obj: Any, api: str) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- paths
+_FROM_DLPACK_PREFIX: Final = "from_dlpack(): "
+
+
+def _as_called(exc: BaseException, api: str) -> BaseException:
+    """``exc``, its message naming ``api`` (the function the user called) where tensorbridge's
+    DLPack import named itself; the producer's own errors pass through unchanged."""
+    message = exc.args[0] if len(exc.args) == 1 else None
+    if (
+        api != "from_dlpack"
+        and isinstance(message, str)
+        and message.startswith(_FROM_DLPACK_PREFIX)
+    ):
+        exc.args = (f"{api}(): {message[len(_FROM_DLPACK_PREFIX) :]}",)
+    return exc
+
+
 def _import(
     path: str,
     obj: Any,
@@ -251,20 +267,24 @@ def _import(
         producer_copies = copy is True and dtype is None
         try:
             t = _dlpack.from_dlpack(obj, device=device, copy=True if producer_copies else copy)
-        except BufferError:
+        except BufferError as refusal:
             after = _after_dlpack(obj)
-            if after is None:
-                raise
-            try:
-                return _import(
-                    after[0], obj, after[1], device=device, copy=copy, dtype=dtype, api=api
-                )
-            except Exception:  # the producer's refusal, re-raised below, says more
-                pass
-            raise  # the refusal
+            if after is not None:
+                try:
+                    return _import(
+                        after[0], obj, after[1], device=device, copy=copy, dtype=dtype, api=api
+                    )
+                except Exception:  # the producer's refusal, re-raised below, says more
+                    pass
+            raise _as_called(refusal, api) from refusal.__cause__
+        except Exception as exc:
+            raise _as_called(exc, api) from exc.__cause__
         return t, producer_copies
     if path == _CAPSULE:
-        return _dlpack.from_dlpack(obj), False
+        try:
+            return _dlpack.from_dlpack(obj), False
+        except Exception as exc:
+            raise _as_called(exc, api) from exc.__cause__
     if path == _ARROW:
         return _interfaces.import_arrow_array(found, copy, api)
     if path == _ARROW_STREAM:
@@ -377,7 +397,11 @@ def asarray(
         >>> asarray(array.array('i', [1, 2, 3]))
         tensor([1, 2, 3], dtype=tensorbridge.int32)
     """
-    api = "asarray"
+    return convert(obj, dtype, device, copy, requires_grad, "asarray")
+
+
+def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, api: str) -> Tensor:
+    """`asarray`, with errors naming ``api``, the function the user called (``tensor`` too)."""
     if dtype is not None:
         dtype = as_dtype(dtype, api)
     want = None if device is None else as_device(device, api)

@@ -243,9 +243,7 @@ def _from_data(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str
     if not isinstance(data, (Tensor, Sequence, numbers.Number)) and _convert.is_protocol_object(
         data
     ):
-        return _convert.asarray(
-            data, dtype=dtype, device=device, copy=True, requires_grad=requires_grad
-        )
+        return _convert.convert(data, dtype, device, True, requires_grad, api)
     values, shape, inferred = _flatten(data, api)
     target = dtype or inferred or _dtype.float32
     if len(shape) > _layout.MAX_NDIM:
