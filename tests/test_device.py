@@ -221,3 +221,11 @@ def test_as_device():
         ):
             as_device(bad, "f")
     assert set(_ALIASES) == {"mps", "xpu", "hip"}
+
+
+def test_device_index_must_fit_in_int32():
+    """An index past DLPack's int32 device_id is refused (PyTorch silently wraps it)."""
+    assert tb.device("cuda", 2**31 - 1).index == 2**31 - 1
+    for args in (("cuda", 2**31), ("cuda:2147483648",), ("cuda", 2**64)):
+        with pytest.raises(ValueError, match="Device index must fit in a 32-bit int"):
+            tb.device(*args)

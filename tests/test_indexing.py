@@ -184,7 +184,10 @@ def test_basic_indexing_matches_list_model(layout, data):
     assert tuple(result.shape) == expected_shape
     if math.prod(expected_shape):
         assert result.tolist() == expected_value
-    assert result._storage is t._storage
+    items = key if isinstance(key, tuple) else (key,)
+    # A Python bool is an advanced index (PyTorch 2.13): the result is then a copy.
+    has_bool = any(isinstance(it, bool) for it in items)
+    assert (result._storage is t._storage) is not has_bool
 
 
 @given(layout=S.layouts(), dtype=S.dtypes(), data=st.data())
@@ -301,13 +304,12 @@ def test_negative_steps_view_backwards():
 
 
 def test_index_lists_of_each_kind():
-    """Integer lists, bool lists, int64/int32/uint8/bool tensors and NumPy arrays index alike."""
+    """Integer lists, bool lists, int64/int32/bool tensors and NumPy arrays index alike."""
     t = tb.arange(6)
     for key in (
         [4, 0, -1],
         tb.tensor([4, 0, -1]),
         tb.tensor([4, 0, 5], dtype=tb.int32),
-        tb.tensor([4, 0, 5], dtype=tb.uint8),
     ):
         assert t[key].tolist() == [4, 0, 5]
     mask = [True, False, True, False, False, True]
@@ -378,8 +380,24 @@ def test_setitem_matches_numpy(np, layout, dtype, data):
         value = S.nest(flat, vshape) if vshape else flat[0]
         if form != "list" or 0 in vshape:  # nested lists cannot spell (0, 1)
             value = tb.tensor(flat, dtype=src_dtype).reshape(vshape)
+            if form == "other dtype" and S.has_advanced(key):
+                # PyTorch's index_put_ takes only its own dtype (test_advanced_assignment_...).
+                value = value.to(dtype)
+    tb_key = S.tb_key(key, as_tensor=data.draw(st.booleans()))
+    if not unique and not S.has_advanced(key):
+        # PyTorch (unlike NumPy) refuses to write a scalar through copy_ into a view whose
+        # elements share memory through a stride 0.
+        try:
+            t[tb_key] = value
+        except RuntimeError as exc:
+            message = str(exc)
+        else:
+            message = ""
+        if message:
+            assert "more than one element of the written-to tensor" in message
+            return
     np_setitem(np, view_np, key, np_value)
-    t[S.tb_key(key, as_tensor=data.draw(st.booleans()))] = value
+    t[tb_key] = value
     assert base.tolist() == base_np.tolist()
 
 
@@ -420,7 +438,7 @@ def test_setitem_value_forms():
     assert t.tolist() == [[7, 4, 4], [1, -5, -5]]
     t[...] = tb.tensor([[[9, 8, 7]]])  # leading size-1 dims are dropped, as NumPy and PyTorch do
     assert t.tolist() == [[9, 8, 7], [9, 8, 7]]
-    t[[0, 1], [2, 0]] = tb.tensor([True, False])
+    t[[0, 1], [2, 0]] = tb.tensor([1, 0], dtype=tb.int32)
     assert t.tolist() == [[9, 8, 1], [0, 8, 7]]
     t[tb.tensor([[True, False, False], [False, False, True]])] = -1
     assert t.tolist() == [[-1, 8, 1], [0, 8, -1]]
@@ -484,12 +502,12 @@ def test_setitem_errors():
     """Shape mismatches and unconvertible values fail with expand's text, before any write."""
     t = tb.zeros(2, 3)
     with pytest.raises(
-        ValueError,
+        RuntimeError,
         match=r"__setitem__\(\): The expanded size of the tensor \(3\) must match "
         r"the existing size \(2\) at non-singleton dimension 1",
     ):
         t[...] = tb.zeros(2)
-    with pytest.raises(ValueError, match="the number of sizes provided"):
+    with pytest.raises(RuntimeError, match="the number of sizes provided"):
         t[0] = tb.zeros(2, 3)
     with pytest.raises(TypeError, match="Could not infer dtype of str"):
         t[0] = ["a", "b", "c"]
@@ -509,3 +527,81 @@ def test_zero_d_indexing():
         t[0]
     t[...] = 6
     assert t.item() == 6
+
+
+# ----------------------------------------------------------------------------- PyTorch 2.13 rules
+def test_python_bool_next_to_advanced_indices_is_an_index():
+    """A bool beside index lists or tensors is an index of shape (1,) or (0,) that broadcasts."""
+    x = tb.arange(12).reshape(3, 4)
+    assert x[[1], True].tolist() == [[4, 5, 6, 7]]
+    assert tuple(x[[[0], [1]], True].shape) == (2, 1, 4)
+    assert x[tb.tensor([0, 1]), True, [1]].tolist() == [1, 5]
+    assert tuple(x[True, :, True].shape) == (1, 3, 4)  # two bools: one index dim, as in PyTorch
+    for key in (([0, 1], False), (tb.tensor([0, 1]), False, 1), (True, [1, 2], False)):
+        with pytest.raises(IndexError, match="shape mismatch: indexing tensors could not be"):
+            x[key]
+        with pytest.raises(IndexError, match="shape mismatch"):
+            x[key] = 7
+    x[[1], True] = 7
+    assert x.tolist() == [[0, 1, 2, 3], [7, 7, 7, 7], [8, 9, 10, 11]]
+
+
+def test_bool_index_copies_and_none_strides_follow_unsqueeze():
+    """``t[True]`` is a copy (an advanced index, as in PyTorch); ``None`` inserts unsqueeze's stride."""
+    x = tb.arange(12).reshape(3, 4)
+    assert x[True]._storage is not x._storage
+    assert x[None].stride() == (12, 4, 1)
+    assert x[:, None].stride() == (4, 4, 1)
+    assert x[..., None].stride() == (4, 1, 1)
+
+
+def test_uint8_index_tensor_is_a_mask_with_torch_warning():
+    """A uint8 index tensor (tensorbridge, NumPy or PyTorch) is a mask and warns as PyTorch does; a
+    0-d uint8 tensor is a bool, without the warning."""
+    x = tb.arange(12).reshape(3, 4)
+    text = (
+        "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead"
+    )
+    with pytest.warns(UserWarning, match=text) as record:
+        assert x[tb.tensor([1, 0, 2], dtype=tb.uint8)].tolist() == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    assert record[0].filename == __file__
+    with pytest.warns(UserWarning, match=text):
+        x[tb.tensor([0, 0, 1], dtype=tb.uint8)] = tb.tensor([-1, -2, -3, -4])
+    assert x[2].tolist() == [-1, -2, -3, -4]
+    assert tuple(x[tb.tensor(1, dtype=tb.uint8)].shape) == (1, 3, 4)
+    assert tuple(x[tb.tensor(0, dtype=tb.uint8)].shape) == (0, 3, 4)
+    np = pytest.importorskip("numpy")
+    with pytest.warns(UserWarning, match=text):
+        assert x[np.array([0, 1, 0], dtype=np.uint8)].tolist() == [[4, 5, 6, 7]]
+    assert tuple(x[np.array(1, dtype=np.uint8)].shape) == (1, 3, 4)
+    assert x[np.uint8(1)].tolist() == [4, 5, 6, 7]  # a NumPy integer scalar is an int
+
+
+def test_index_tensor_dtypes_follow_torch():
+    """Index tensors of one or more dims must be int64, int32, uint8 or bool; 0-d ones may be any
+    integer type; NumPy bool and float scalars are refused, as in PyTorch."""
+    x = tb.arange(6)
+    for dtype in (tb.int8, tb.int16, tb.uint16, tb.float32):
+        with pytest.raises(IndexError, match="tensors used as indices must be long, int, byte"):
+            x[tb.tensor([1], dtype=dtype)]
+    assert x[tb.tensor(4, dtype=tb.int8)].item() == 4
+    np = pytest.importorskip("numpy")
+    for scalar in (np.bool_(True), np.float64(1.0)):
+        with pytest.raises(IndexError, match="only integers, slices"):
+            x[scalar]
+
+
+def test_advanced_assignment_dtype_rules_follow_torch():
+    """An index list assignment needs a value of the same dtype (PyTorch's index_put_); one mask
+    with a one-element value casts (masked_fill_); bare ``False`` assigns nothing."""
+    x = tb.zeros(2, 3, dtype=tb.float16)
+    with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"):
+        x[[0]] = tb.tensor([1.0, 2.0, 3.0], dtype=tb.float64)
+    with pytest.raises(IndexError, match="shape mismatch"):  # reported before the dtype
+        x[[0, 1], [0, 1, 2]] = tb.tensor(1.0, dtype=tb.float64)
+    x[tb.tensor([True, False])] = tb.tensor(3.0, dtype=tb.float64)
+    x[True] = tb.tensor(1, dtype=tb.int64)  # bare True: an unsqueezed view, cast
+    x[False] = tb.tensor([1.0, 2.0, 3.0, 4.0, 5.0])  # no write, no check
+    assert x.tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        tb.zeros(1).expand(3)[...] = 1

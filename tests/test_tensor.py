@@ -258,8 +258,8 @@ def view_ops(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[str, Any, Any]:
     if name == "permute":
         order = draw(st.permutations(range(ndim)))
         order = [d - ndim if draw(st.booleans()) else d for d in order]
-        return f"permute({order})", lambda t: t.permute(*order), lambda x: x.transpose(order)
-    if name == "T":
+        return f"permute({order})", lambda t: t.permute(order), lambda x: x.transpose(order)
+    if name == "T" and ndim:  # 0-d: see test_transposes_of_zero_d_tensors_warn_as_torch
         return "T", lambda t: t.T, lambda x: x.transpose(list(range(ndim))[::-1])
     if name == "mT":
         return "mT", lambda t: t.mT, lambda x: x.swapaxes(-2, -1)
@@ -273,7 +273,10 @@ def view_ops(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[str, Any, Any]:
             ),
         )
     if name == "squeeze":
-        dims = draw(st.none() | dim | st.lists(dim, max_size=ndim).map(tuple))
+        distinct = st.lists(dim, max_size=ndim).filter(
+            lambda ds: len({d % max(ndim, 1) for d in ds}) == len(ds)  # repeats: RuntimeError
+        )
+        dims = draw(st.none() | dim | distinct.map(tuple))
         keep = _squeeze_keep(shape, dims)
         return (
             f"squeeze({dims})",
@@ -282,7 +285,7 @@ def view_ops(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[str, Any, Any]:
         )
     if name == "expand":
         target = draw(S.expand_targets(shape))
-        return f"expand({target})", lambda t: t.expand(*target), lambda x: _np_expand(x, target)
+        return f"expand({target})", lambda t: t.expand(target), lambda x: _np_expand(x, target)
     if name == "flatten":
         if ndim == 0:
             return "flatten()", lambda t: t.flatten(), lambda x: x.reshape(1)
@@ -620,11 +623,11 @@ def test_fill_takes_a_zero_d_tensor():
     ],
 )
 def test_copy_shape_errors_carry_torch_text(torch, dst, src, text):
-    """copy_ refuses what PyTorch refuses, with PyTorch's message (ValueError: a bad shape)."""
+    """copy_ refuses what PyTorch refuses, with PyTorch's type and message."""
     with pytest.raises(RuntimeError) as torch_info:
         torch.zeros(dst).copy_(torch.zeros(src))
     assert text in str(torch_info.value)
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(RuntimeError) as info:
         tb.zeros(dst).copy_(tb.zeros(src))
     assert text in str(info.value) and str(info.value).startswith("copy_()")
 
@@ -728,31 +731,31 @@ def test_equal_compares_shape_and_values():
 @pytest.mark.parametrize(
     ("name", "fn", "exc"),
     [
-        ("view", lambda L: L.arange(6).view(2, 5), ValueError),
-        ("reshape", lambda L: L.arange(6).reshape(4, -1), ValueError),
+        ("view", lambda L: L.arange(6).view(2, 5), RuntimeError),
+        ("reshape", lambda L: L.arange(6).reshape(4, -1), RuntimeError),
         ("view incompatible", lambda L: L.arange(6).reshape(2, 3).t().view(6), RuntimeError),
         ("transpose", lambda L: L.zeros(2, 3).transpose(0, 3), IndexError),
-        ("expand", lambda L: L.zeros(2, 3).expand(2, 4), ValueError),
-        ("expand fewer", lambda L: L.zeros(2, 3).expand(3), ValueError),
+        ("expand", lambda L: L.zeros(2, 3).expand(2, 4), RuntimeError),
+        ("expand fewer", lambda L: L.zeros(2, 3).expand(3), RuntimeError),
         ("narrow start", lambda L: L.arange(6).narrow(0, 7, 1), IndexError),
-        ("narrow length", lambda L: L.arange(6).narrow(0, 4, 3), ValueError),
-        ("narrow negative", lambda L: L.arange(6).narrow(0, 1, -1), ValueError),
+        ("narrow length", lambda L: L.arange(6).narrow(0, 4, 3), RuntimeError),
+        ("narrow negative", lambda L: L.arange(6).narrow(0, 1, -1), RuntimeError),
         ("narrow 0-d", lambda L: L.tensor(1).narrow(0, 0, 1), RuntimeError),
         ("t 3-d", lambda L: L.zeros(2, 2, 2).t(), RuntimeError),
         ("mT 1-d", lambda L: L.zeros(2).mT, RuntimeError),
-        ("permute duplicate", lambda L: L.zeros(2, 3).permute(0, 0), ValueError),
-        ("permute length", lambda L: L.zeros(2, 3).permute(0), ValueError),
-        ("flatten order", lambda L: L.zeros(2, 3, 4).flatten(2, 1), ValueError),
+        ("permute duplicate", lambda L: L.zeros(2, 3).permute(0, 0), RuntimeError),
+        ("permute length", lambda L: L.zeros(2, 3).permute(0), RuntimeError),
+        ("flatten order", lambda L: L.zeros(2, 3, 4).flatten(2, 1), RuntimeError),
         ("squeeze dim", lambda L: L.zeros(2, 3).squeeze(3), IndexError),
         ("unsqueeze dim", lambda L: L.zeros(2, 3).unsqueeze(4), IndexError),
         ("as_strided bounds", lambda L: L.zeros(4).as_strided((3,), (2,)), ValueError),
-        ("as_strided lengths", lambda L: L.zeros(4).as_strided((3,), (1, 1)), ValueError),
+        ("as_strided lengths", lambda L: L.zeros(4).as_strided((3,), (1, 1)), RuntimeError),
         ("as_strided offset", lambda L: L.zeros(4).as_strided((1,), (1,), -1), ValueError),
         ("unbind 0-d", lambda L: L.tensor(1).unbind(0), IndexError),
     ],
 )
 def test_view_errors_carry_torch_text(torch, name, fn, exc):
-    """Each view error has the design's type and contains PyTorch's message for the same call."""
+    """Each view error has PyTorch's type and contains PyTorch's message for the same call."""
     try:
         fn(torch)
     except (RuntimeError, IndexError) as torch_exc:
@@ -798,3 +801,41 @@ def test_view_and_reshape_argument_forms():
         t.view(2.0, 3)
     with pytest.raises(TypeError, match=r"narrow\(\): sizes must be ints; got 1.0"):
         t.narrow(0, 1.0, 2)
+
+
+# ----------------------------------------------------------------------------- PyTorch 2.13 rules
+def test_zero_d_dim_arguments_are_range_checked():
+    """A 0-d tensor takes dims -1 and 0 only, as in PyTorch: flatten(1) is an IndexError."""
+    s = tb.tensor(5)
+    assert s.flatten(0).tolist() == [5] and s.flatten(-1, 0).tolist() == [5]
+    for call in (lambda: s.flatten(1), lambda: s.flatten(-2), lambda: s.flatten(0, 1)):
+        with pytest.raises(IndexError, match=r"Dimension out of range \(expected to be in range"):
+            call()
+
+
+def test_transposes_of_zero_d_tensors_warn_as_torch():
+    """``.mT`` and ``.T`` of a 0-d tensor return it unchanged with PyTorch's deprecation warning."""
+    s = tb.tensor(5)
+    with pytest.warns(UserWarning, match=r"Tensor\.mT is deprecated on 0-D tensors"):
+        assert s.mT.tolist() == 5
+    with pytest.warns(UserWarning, match=r"Tensor\.T is deprecated on 0-D tensors"):
+        assert s.T.tolist() == 5
+    with pytest.raises(RuntimeError, match=r"tensor\.mT is only supported on matrices"):
+        _ = tb.zeros(2).mT
+
+
+def test_shape_argument_errors_have_torch_types():
+    """Repeated squeeze dims and missing shape arguments fail with PyTorch's types."""
+    t = tb.zeros(1, 2)
+    with pytest.raises(RuntimeError, match="dim 0 appears multiple times in the list of dims"):
+        t.squeeze((0, -2))
+    for call in (t.view, t.reshape, t.permute, t.expand):
+        with pytest.raises(TypeError):
+            call()
+
+
+def test_int_of_complex_with_imaginary_part_is_refused():
+    """``int()`` of a complex tensor with a nonzero imaginary part raises, as in PyTorch."""
+    assert int(tb.tensor(3 + 0j)) == 3
+    with pytest.raises(RuntimeError, match="value cannot be converted to type int64_t"):
+        int(tb.tensor(3 + 1j))

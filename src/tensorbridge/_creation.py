@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import math
 import numbers
+import operator
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -63,6 +64,8 @@ def _scalar_kind(value: Any, api: str) -> str:
         return "i"
     if hasattr(value, "__float__"):
         return "f"
+    if hasattr(value, "__complex__"):
+        return "c"
     msg = (
         f"{api}(): Could not infer dtype of {type(value).__name__}; got {short_repr(value)}. "
         f"Elements must be bool, int, float or complex."
@@ -135,6 +138,8 @@ def _flatten(
         return data._values(api), tuple(data.shape), data.dtype
     if isinstance(data, (str, bytes)) or not isinstance(data, Sequence):
         if hasattr(data, "tolist") and not isinstance(data, numbers.Number):
+            if _is_numpy_scalar(data):  # a number: `_check_values` converts it for the dtype
+                return [data], (), _foreign_dtype(data) or _DEFAULT_FOR_KIND["b"]
             values, shape, inferred = _flatten(data.tolist(), api, depth)
             return values, shape, _foreign_dtype(data) or inferred
         return [data], (), _foreign_dtype(data) or _DEFAULT_FOR_KIND[_scalar_kind(data, api)]
@@ -165,41 +170,109 @@ def _flatten(
     return values, (len(data), *first_shape), inferred
 
 
-def _check_values(values: list[Any], dtype: DType, api: str) -> None:
-    """Refuse what PyTorch's ``tensor()`` refuses rather than store something else.
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
 
-    PyTorch converts each Python number with ``c10::checked_convert``: a complex number for a real
-    dtype, or an int or float outside an integer dtype's range, is an error (floats past a float
-    dtype's range become inf, as in PyTorch).
+
+def _check_values(values: list[Any], dtype: DType, api: str) -> list[Any]:
+    """Each number converted for ``dtype`` as PyTorch 2.13's ``tensor()`` converts it, or its error.
+
+    Integer and bool targets read a float (``float`` and its subclasses, such as NumPy's float64)
+    as a float and anything else through ``__index__`` (TypeError "'X' object cannot be
+    interpreted as an integer" otherwise: NumPy's float32, np.bool_ for ints, complex); an int
+    outside int64 is a ValueError ("Overflow when unpacking long long"), a value outside the
+    target a RuntimeError ("value cannot be converted to type int32 without overflow"). Ints may
+    wrap into unsigned types down to ``-max`` (-1 is 255 as uint8), floats may not, and NaN fits
+    no integer type. Float targets read ``__float__`` (then ``__index__``); complex targets
+    ``complex()``. Floats past a float dtype's range become inf, as in PyTorch.
+
+    Two PyTorch refusals are not copied: for uint64 it accepts only Python ints ("an integer is
+    required" for every float and NumPy scalar); here they convert as for uint32. And a float of
+    2**63 into int64, which PyTorch stores as -2**63, is a RuntimeError here.
     """
-    if dtype.kind not in "bc":
-        for v in values:
-            if isinstance(v, complex):
-                msg = (
-                    f"{api}(): must be real number, not complex; got {v!r} for dtype {dtype}. "
-                    f"Pass a complex dtype or the real parts."
-                )
-                raise TypeError(msg)
-    if dtype.kind not in "iu":
-        return
-    high = 2**dtype.bits - 1 if dtype.kind == "u" else 2 ** (dtype.bits - 1) - 1
-    low = 0 if dtype.kind == "u" else -high - 1
-    # c10::overflows: ints may wrap into unsigned types down to -max (-1 is 255 as uint8); floats may
-    # not, and NaN fits no integer type.
-    lows = {int: -high if dtype.kind == "u" else low, builtins.float: low}
+    kind = dtype.kind
+    if dtype is _dtype.float4_e2m1fn_x2:
+        return values  # packed pairs: the codec takes the byte values as ints
+    if kind == "b":
+        return [
+            builtins.bool(v if isinstance(v, (float, complex)) or _is_bool(v) else _index(v))
+            for v in values
+        ]
+    if kind in "fc":
+        return [_real(v, api) if kind == "f" else _complex(v, api) for v in values]
+    high = 2**dtype.bits - 1 if kind == "u" else 2 ** (dtype.bits - 1) - 1
+    low = 0 if kind == "u" else -high - 1
+    out = []
     for v in values:
-        lo = lows.get(type(v))
-        if lo is not None and not lo <= v <= high:
-            reason = (
-                "Overflow when unpacking long long"
-                if dtype is _dtype.int64 and type(v) is int
-                else f"value cannot be converted to type {dtype.name} without overflow"
-            )
+        if isinstance(v, float):
+            if not low <= v <= high:  # False for NaN
+                _overflow(dtype, v, api)
+            out.append(v)
+            continue
+        i = _index(v)
+        if dtype is _dtype.uint64:
+            if i < 0:
+                msg = f"{api}(): can't convert negative int to unsigned; got {v!r} for {dtype}."
+                raise OverflowError(msg)
+            if i > high:
+                msg = f"{api}(): int too big to convert; got {v!r} for {dtype}."
+                raise OverflowError(msg)
+        elif not _INT64_MIN <= i <= _INT64_MAX:
             msg = (
-                f"{api}(): {reason}; got {v!r}, outside [{lo}, {high}] for dtype {dtype}. "
-                f"Pass a wider dtype."
+                f"{api}(): Overflow when unpacking long long; got {v!r}, outside the int64 range. "
+                f"Pass an int in [-2**63, 2**63)."
             )
             raise ValueError(msg)
+        elif not (-high if kind == "u" else low) <= i <= high:
+            _overflow(dtype, v, api)
+        out.append(i)
+    return out
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, builtins.bool) or (
+        _is_numpy_scalar(value) and type(value).__name__ == "bool"
+    )
+
+
+def _is_numpy_scalar(value: Any) -> bool:
+    """A NumPy scalar (np.bool_, np.float32, ...): a number to convert, not an array to copy."""
+    return type(value).__module__ == "numpy" and not hasattr(value, "__len__")
+
+
+def _index(value: Any) -> int:
+    """``operator.index``, with its TypeError text ("'X' object cannot be interpreted ...")."""
+    return operator.index(value)
+
+
+def _real(value: Any, api: str) -> float:
+    if type(value) is float:
+        return value
+    if hasattr(type(value), "__float__"):
+        return builtins.float(value)  # OverflowError for ints past double, as PyTorch
+    if hasattr(type(value), "__index__"):
+        return builtins.float(operator.index(value))
+    msg = (
+        f"{api}(): must be real number, not {type(value).__name__}; got {value!r}. Pass a complex "
+        f"dtype or the real parts."
+    )
+    raise TypeError(msg)
+
+
+def _complex(value: Any, api: str) -> complex:
+    try:
+        return complex(value)
+    except TypeError:
+        msg = f"{api}(): must be a number, not {type(value).__name__}; got {value!r}."
+        raise TypeError(msg) from None
+
+
+def _overflow(dtype: DType, value: Any, api: str) -> None:
+    msg = (
+        f"{api}(): value cannot be converted to type {dtype.name} without overflow; got {value!r}. "
+        f"Pass a value {dtype} can hold, or a wider dtype."
+    )
+    raise RuntimeError(msg)
 
 
 def _result_device(device: Any, api: str) -> Device:
@@ -240,8 +313,10 @@ def _from_data(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str
     if dtype is not None:
         dtype = as_dtype(dtype, api)
     dev = _result_device(device, api)
-    if not isinstance(data, (Tensor, Sequence, numbers.Number)) and _convert.is_protocol_object(
-        data
+    if (
+        not isinstance(data, (Tensor, Sequence, numbers.Number))
+        and not _is_numpy_scalar(data)
+        and _convert.is_protocol_object(data)
     ):
         return _convert.convert(data, dtype, device, True, requires_grad, api)
     values, shape, inferred = _flatten(data, api)
@@ -249,7 +324,7 @@ def _from_data(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str
     if len(shape) > _layout.MAX_NDIM:
         msg = f"{api}(): at most {_layout.MAX_NDIM} dimensions are supported; got {len(shape)}."
         raise ValueError(msg)
-    _check_values(values, target, api)
+    values = _check_values(values, target, api)
     return _grad(_from_bytes(_codec.pack(target, values), shape, target, dev), requires_grad, api)
 
 
@@ -258,13 +333,34 @@ def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tens
     return _convert.asarray(data, dtype=dtype, device=device)
 
 
+def _storage_for(shape: tuple[int, ...], dtype: DType, device: Device, api: str) -> Any:
+    """New zeroed storage for ``shape`` elements of ``dtype``; a clear MemoryError naming the size.
+
+    Allocating before building anything else means an impossible request fails at once, with its
+    size in the message, instead of deep inside a bytes repetition or a list of values.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    try:
+        return allocate(nbytes, device)
+    except MemoryError:
+        msg = (
+            f"{api}(): cannot allocate {nbytes} bytes for a tensor of shape {list(shape)} and dtype "
+            f"{dtype}; the system is out of memory. Request a smaller tensor."
+        )
+        raise MemoryError(msg) from None
+
+
 def _filled(
     shape: tuple[int, ...], value: Any, dtype: DType, device: Device, requires_grad: bool, api: str
 ) -> Tensor:
-    """A new tensor holding ``value`` everywhere."""
+    """A new tensor holding ``value`` everywhere (one packed element, copied with stride 0)."""
     _codec.check_scalar(dtype, value, api, numel=math.prod(shape))
-    data = _codec.pack(dtype, [value]) * math.prod(shape)
-    return _grad(_from_bytes(data, shape, dtype, device), requires_grad, api)
+    element = _codec.pack(dtype, [value])
+    storage = _storage_for(shape, dtype, device, api)
+    t = Tensor._make(storage, 0, shape, _layout.contiguous_strides(shape), dtype)
+    if t.numel() and any(element):
+        t._fill_element(element, api)
+    return _grad(t, requires_grad, api)
 
 
 def _zeroed(
@@ -274,7 +370,7 @@ def _zeroed(
 
     New storage is zero-filled already, so nothing is packed or copied.
     """
-    storage = allocate(math.prod(shape) * dtype.itemsize, device)
+    storage = _storage_for(shape, dtype, device, api)
     t = Tensor._make(storage, 0, shape, _layout.contiguous_strides(shape), dtype)
     return _grad(t, requires_grad, api)
 
@@ -282,7 +378,10 @@ def _zeroed(
 def _creation_args(
     size: Sequence[Any], dtype: Any, device: Any, api: str
 ) -> tuple[tuple[int, ...], DType, Device]:
-    shape = _layout.as_shape(size, api)
+    if not size:
+        msg = f'{api}() missing 1 required positional arguments: "size"'
+        raise TypeError(msg)
+    shape = _layout.as_shape(size, api, negative=RuntimeError)
     return (
         shape,
         as_dtype(dtype, api) if dtype is not None else _dtype.float32,
@@ -323,7 +422,7 @@ def full(
     requires_grad: bool = False,
 ) -> Tensor:
     """A new tensor filled with ``fill_value``; dtype inferred from it as PyTorch does."""
-    shape = _layout.as_shape((size,), "full")
+    shape = _layout.as_shape((size,), "full", negative=RuntimeError)
     if dtype is None:
         dt = _DEFAULT_FOR_KIND[_scalar_kind(fill_value, "full")]
     else:
@@ -403,31 +502,37 @@ def arange(
     start, end, step = (
         _arange_scalar(v, name) for name, v in (("start", start), ("end", end), ("step", step))
     )
-    # PyTorch validates in double precision, in this order (RangeUtils.h arange_check_bounds).
+    # PyTorch validates in double precision, in this order (RangeUtils.h arange_check_bounds), and
+    # raises RuntimeError.
     dstart, dend, dstep = builtins.float(start), builtins.float(end), builtins.float(step)
     if not (dstep > 0 or dstep < 0):
         msg = f"arange(): step must be nonzero; got step={step!r}."
-        raise ValueError(msg)
+        raise RuntimeError(msg)
     if not (math.isfinite(dstart) and math.isfinite(dend)):
         msg = f"arange(): unsupported range: {start} -> {end}; start and end must be finite."
-        raise ValueError(msg)
+        raise RuntimeError(msg)
     if not ((dstep > 0 and dend >= dstart) or (dstep < 0 and dend <= dstart)):
         msg = (
             f"arange(): upper bound and lower bound inconsistent with step sign; got start={start!r}, "
             f"end={end!r}, step={step!r}. Swap start and end or negate step."
         )
-        raise ValueError(msg)
+        raise RuntimeError(msg)
     is_float = any(not isinstance(v, numbers.Integral) for v in (start, end, step))
     dt = (
         as_dtype(dtype, "arange")
         if dtype is not None
         else (_dtype.float32 if is_float else _dtype.int64)
     )
-    values = _arange_values(start, end, step, dt)
     dev = _result_device(device, "arange")
-    return _grad(
-        _from_bytes(_codec.pack(dt, values), (len(values),), dt, dev), requires_grad, "arange"
-    )
+    values = _arange_values(start, end, step, dt)
+    storage = _storage_for((len(values),), dt, dev, "arange")
+    mv = storage.host_view("arange")
+    chunk = 1 << 16  # pack a bounded run at a time: a long range never becomes one huge list
+    for i in range(0, len(values), chunk):
+        run = _codec.pack(dt, values[i : i + chunk])
+        mv[i * dt.itemsize : i * dt.itemsize + len(run)] = run
+    t = Tensor._make(storage, 0, (len(values),), (1,), dt)
+    return _grad(t, requires_grad, "arange")
 
 
 def _arange_scalar(value: Any, name: str) -> Any:
@@ -440,7 +545,22 @@ def _arange_scalar(value: Any, name: str) -> Any:
     return value
 
 
-def _arange_values(start: Any, end: Any, step: Any, dtype: DType) -> list[Any]:
+class _FloatRange(Sequence[float]):
+    """``start + i * step`` for ``i`` in ``range(length)``, computed on demand (in double)."""
+
+    def __init__(self, start: float, step: float, length: int) -> None:
+        self._start, self._step, self._length = start, step, max(length, 0)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._start + i * self._step for i in range(*index.indices(self._length))]
+        return self._start + range(self._length)[index] * self._step
+
+
+def _arange_values(start: Any, end: Any, step: Any, dtype: DType) -> Sequence[Any]:
     """PyTorch's ``arange`` values for ``dtype`` (``compute_arange_size`` and the CPU kernel).
 
     The length is ``ceil((end - start) / step)`` in double, except for int64, where start, end and
@@ -449,17 +569,17 @@ def _arange_values(start: Any, end: Any, step: Any, dtype: DType) -> list[Any]:
     """
     if dtype.kind in "fc":
         length = math.ceil((builtins.float(end) - builtins.float(start)) / builtins.float(step))
-        s, d = builtins.float(start), builtins.float(step)
-        return [s + i * d for i in range(length)]
+        return _FloatRange(builtins.float(start), builtins.float(step), length)
     istart, istep = int(start), int(step)
     if dtype is _dtype.int64:
         iend = int(end)
         if istep == 0:
+            # ValueError here, as PyTorch 2.13 (its int64 path checks the truncated step itself).
             msg = f"arange(): step must be nonzero; got step={step!r}, which is 0 as an int64."
             raise ValueError(msg)
-        return list(range(istart, iend, istep))
+        return range(istart, iend, istep)
     length = math.ceil((builtins.float(end) - builtins.float(start)) / builtins.float(step))
-    return [istart + i * istep for i in range(length)]
+    return range(istart, istart + length * istep, istep) if istep else [istart] * length
 
 
 from . import _convert  # noqa: E402  (asarray dispatcher; it imports tensor from here)

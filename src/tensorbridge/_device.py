@@ -52,6 +52,9 @@ _NAME_OF: Final[dict[DLDeviceType, str]] = {
 _TYPE_OF: Final[dict[str, DLDeviceType]] = {name: code for code, name in _NAME_OF.items()}
 _ALIASES: Final[dict[str, str]] = {"mps": "metal", "xpu": "oneapi", "hip": "rocm"}
 
+# The largest device index: DLPack's DLDevice.device_id is an int32_t.
+_MAX_INDEX: Final = 2**31 - 1
+
 # Memory a host CPU may read and write directly (the set NumPy's from_dlpack accepts).
 _HOST_ACCESSIBLE: Final = frozenset(
     {
@@ -117,6 +120,14 @@ class Device:
                 raise TypeError(msg)
             if index < 0:
                 msg = f"device(): Device index must not be negative; got {index!r}."
+                raise ValueError(msg)
+            if index > _MAX_INDEX:
+                # DLPack's device_id is an int32_t. (PyTorch 2.13 keeps an int8 and wraps: index 128
+                # becomes -128.)
+                msg = (
+                    f"device(): Device index must fit in a 32-bit int (at most {_MAX_INDEX}); got "
+                    f"{index!r}. Pass the index of an existing device."
+                )
                 raise ValueError(msg)
         self = super().__new__(cls)
         object.__setattr__(self, "_type", name)

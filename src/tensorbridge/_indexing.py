@@ -3,21 +3,41 @@
 Basic indexing (ints, slices of either step sign, ``...``, ``None``) is pure layout arithmetic and
 never copies. Integer and boolean index arrays ("advanced" indexing) are returned separately; the
 tensor resolves them into element offsets and copies, as PyTorch and NumPy do.
+
+A Python bool (or a 0-d bool or uint8 tensor) is an advanced index too, as in PyTorch 2.13 and NumPy:
+it inserts a dimension of size 1 indexed by ``[0]`` (True) or ``[]`` (False), which broadcasts with
+the other index arrays, so ``x[[1], True]`` has shape ``(1, ...)`` and ``x[[0, 1], False]`` is an
+IndexError. A uint8 index tensor of one or more dimensions is a boolean mask, with PyTorch's
+deprecation warning.
 """
 
 from __future__ import annotations
 
 import operator
+import os
+import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, SupportsIndex
 
-__all__ = ["Advanced", "BasicView", "parse_index"]
+__all__ = ["Advanced", "BasicView", "check_bounds", "parse_index"]
+
+# PyTorch 2.13's words (aten/src/ATen/native/IndexingUtils.h), kept verbatim so that warning
+# filters written for PyTorch match.
+UINT8_INDEX_WARNING = (
+    "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
+)
+_INDEX_DTYPES = frozenset({"int64", "int32", "uint8", "bool"})
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass(frozen=True)
 class Advanced:
-    """An integer index array applied to view dimension ``dim``: flat values and their shape."""
+    """An integer index array applied to view dimension ``dim``: flat values and their shape.
+
+    The values may be negative or out of range until `check_bounds` has wrapped them.
+    """
 
     dim: int
     values: tuple[int, ...]
@@ -26,43 +46,79 @@ class Advanced:
 
 @dataclass(frozen=True)
 class BasicView:
-    """The result of basic indexing: an offset delta (elements), shape, strides, and advanced indices."""
+    """The result of basic indexing: an offset delta (elements), shape, strides, and advanced indices.
+
+    ``single_mask`` is True when the key's only advanced item is one boolean (or uint8) mask, for
+    which PyTorch's assignment takes a one-element value of any dtype (``masked_fill_``).
+    """
 
     offset: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     advanced: tuple[Advanced, ...]
+    single_mask: bool = False
 
 
 def _index_array(item: Any, api: str) -> tuple[list[Any], tuple[int, ...], str] | None:
-    """Flatten an index array (a Tensor, a list, anything with ``tolist``) to (values, shape, kind)."""
+    """Flatten an index array (a Tensor, a list, anything with ``tolist``) to (values, shape, kind).
+
+    ``kind`` is ``"b"`` for a mask (bool, or uint8 as PyTorch reads it) and ``"i"`` for indices.
+    """
     from ._tensor import Tensor  # local: _tensor imports this module
 
     if isinstance(item, Tensor):
-        if item.dtype.kind not in "biu":
+        dtype = item.dtype
+        # PyTorch 2.13: index tensors of one or more dims must be int64, int32, uint8 (a mask) or
+        # bool; a 0-d one may be of any integer type (it selects) or bool/uint8 (a bool index).
+        allowed = dtype.kind in "biu" if item.ndim == 0 else dtype.name in _INDEX_DTYPES
+        if not allowed:
             msg = (
                 f"{api}(): tensors used as indices must be long, int, byte or bool tensors; "
-                f"got a tensor of dtype {item.dtype}."
+                f"got a {item.ndim}-d tensor of dtype {dtype}."
             )
             raise IndexError(msg)
         flat = item.reshape(-1).tolist()
-        return flat, tuple(item.shape), "b" if item.dtype.kind == "b" else "i"
-    if (
-        isinstance(item, list)
-        or hasattr(item, "__array_interface__")
-        or hasattr(item, "__dlpack__")
-    ):
+        if dtype.name == "uint8":
+            if item.ndim:  # a 0-d uint8 tensor is a bool, without the warning, as in PyTorch
+                _warn(UINT8_INDEX_WARNING)
+            return [v != 0 for v in flat], tuple(item.shape), "b"
+        return flat, tuple(item.shape), "b" if dtype.kind == "b" else "i"
+    if isinstance(item, list):
         from ._creation import tensor
 
         try:
-            t = tensor(item.tolist() if hasattr(item, "tolist") else item)
-        except (TypeError, ValueError) as exc:
+            t = tensor(item)
+        except (TypeError, ValueError, RuntimeError) as exc:
             msg = f"{api}(): invalid index {item!r}; index lists must hold ints or bools."
             raise IndexError(msg) from exc
         if t.numel() == 0 and t.dtype.kind == "f":
             return [], tuple(t.shape), "i"  # [] indexes nothing, as in PyTorch
         return _index_array(t, api)
+    if (hasattr(item, "__array_interface__") or hasattr(item, "__dlpack__")) and hasattr(
+        item, "__len__"
+    ):
+        # Keep the producer's dtype: a NumPy or PyTorch uint8 array is a mask, as in PyTorch.
+        # Arrays have __len__; NumPy scalars other than integers (np.bool_, np.float64) do not,
+        # and PyTorch refuses them as indices.
+        from ._creation import tensor
+
+        try:
+            t = tensor(item)
+        except (TypeError, ValueError, BufferError) as exc:
+            msg = f"{api}(): invalid index {item!r}; index arrays must hold ints or bools."
+            raise IndexError(msg) from exc
+        return _index_array(t, api)
     return None
+
+
+def _warn(message: str) -> None:
+    """Warn with ``message`` (UserWarning, as PyTorch), attributed to the caller's own code."""
+    frame = sys._getframe(1)
+    level = 2  # stacklevel 1 is this function, 2 its caller
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 def _normalize(key: Any, api: str) -> list[Any]:
@@ -72,14 +128,14 @@ def _normalize(key: Any, api: str) -> list[Any]:
     for item in items:
         if item is None or item is Ellipsis or isinstance(item, (slice, bool)):
             expanded.append(item)
-        elif isinstance(item, SupportsIndex) and not hasattr(item, "shape"):
-            expanded.append(operator.index(item))
+        elif type(item) is int or (
+            isinstance(item, SupportsIndex) and not hasattr(item, "__len__")
+        ):
+            # Ints and integer scalars (NumPy's np.int64, ...: no __len__, unlike any array).
+            expanded.append(_scalar_index(item, api))
         else:
             arr = _index_array(item, api)
             if arr is None:
-                if isinstance(item, SupportsIndex):  # 0-d integer tensors of foreign libraries
-                    expanded.append(operator.index(item))
-                    continue
                 msg = (
                     f"{api}(): only integers, slices (`:`), ellipsis (`...`), None and long or "
                     f"byte Variables are valid indices; got {item!r} ({type(item).__name__})."
@@ -87,14 +143,26 @@ def _normalize(key: Any, api: str) -> list[Any]:
                 raise IndexError(msg)
             values, ishape, kind = arr
             if not ishape:
-                # A 0-d index tensor acts as the scalar it holds, as in PyTorch: an int selects (a view),
-                # a bool adds a dimension of size 1 or 0.
+                # A 0-d index tensor acts as the scalar it holds, as in PyTorch: an int selects (a
+                # view); a bool (or uint8) is a bool index.
                 expanded.append(bool(values[0]) if kind == "b" else operator.index(values[0]))
             elif kind == "b":
                 expanded.append(("mask", values, ishape))
             else:
                 expanded.append(("int", values, ishape))
     return expanded
+
+
+def _scalar_index(item: Any, api: str) -> int:
+    try:
+        return operator.index(item)
+    except TypeError:
+        # NumPy's np.bool_ defines __index__ only to refuse it; PyTorch refuses it as an index.
+        msg = (
+            f"{api}(): only integers, slices (`:`), ellipsis (`...`), None and long or "
+            f"byte Variables are valid indices; got {item!r} ({type(item).__name__})."
+        )
+        raise IndexError(msg) from None
 
 
 def _count_consumed(expanded: list[Any], ndim: int, api: str) -> int:
@@ -132,12 +200,14 @@ def parse_index(
                 out_shape.append(shape[d])
                 out_strides.append(strides[d])
                 d += 1
-        elif item is None or item is True:
+        elif item is None or isinstance(item, bool):
+            # PyTorch inserts the dim with unsqueeze's stride: that of the next dim, times its size.
             out_shape.append(1)
-            out_strides.append(0)
-        elif item is False:
-            out_shape.append(0)
-            out_strides.append(0)
+            out_strides.append(shape[d] * strides[d] if d < len(shape) else 1)
+            if item is not None:
+                # A bool is an index of shape (1,) or (0,) into the new dim; it broadcasts with the
+                # other advanced indices (PyTorch 2.13, NumPy).
+                advanced.append(Advanced(len(out_shape) - 1, (0,) if item else (), (int(item),)))
         elif isinstance(item, int):
             size = shape[d]
             if not -size <= item < size:
@@ -157,8 +227,9 @@ def parse_index(
             d += 1
         elif item[0] == "int":
             _, values, ishape = item
-            checked = tuple(_check_bounds(values, shape[d], d, api))
-            advanced.append(Advanced(len(out_shape), checked, ishape))
+            # Bounds are checked by the caller after broadcasting (`check_bounds`), which is
+            # PyTorch's order: a shape mismatch is reported before an out-of-range index.
+            advanced.append(Advanced(len(out_shape), tuple(values), ishape))
             out_shape.append(shape[d])
             out_strides.append(strides[d])
             d += 1
@@ -173,7 +244,9 @@ def parse_index(
         out_shape.append(shape[d])
         out_strides.append(strides[d])
         d += 1
-    return BasicView(offset, tuple(out_shape), tuple(out_strides), tuple(advanced))
+    items = [it for it in expanded if isinstance(it, (bool, tuple))]
+    single_mask = len(items) == 1 and isinstance(items[0], tuple) and items[0][0] == "mask"
+    return BasicView(offset, tuple(out_shape), tuple(out_strides), tuple(advanced), single_mask)
 
 
 def _slice_indices(item: slice, size: int, api: str) -> tuple[int, int, int]:
@@ -187,7 +260,8 @@ def _slice_indices(item: slice, size: int, api: str) -> tuple[int, int, int]:
     return item.indices(size)
 
 
-def _check_bounds(values: Sequence[int], size: int, dim: int, api: str) -> list[int]:
+def check_bounds(values: Sequence[int], size: int, dim: int, api: str) -> list[int]:
+    """``values`` wrapped into ``range(size)``; IndexError (PyTorch's text) for any outside it."""
     out = []
     for v in values:
         if not -size <= v < size:

@@ -48,8 +48,13 @@ def _as_int(value: object, api: str, what: str) -> int:
     return operator.index(value)
 
 
-def as_shape(args: Sequence[Any], api: str) -> tuple[int, ...]:
-    """Accept ``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` as PyTorch does; sizes must be >= 0."""
+def as_shape(
+    args: Sequence[Any], api: str, *, negative: type[Exception] = ValueError
+) -> tuple[int, ...]:
+    """Accept ``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` as PyTorch does; sizes must be >= 0.
+
+    A negative size raises ``negative`` (creation functions pass RuntimeError, PyTorch's type).
+    """
     if len(args) == 1 and not isinstance(args[0], SupportsIndex):
         if not isinstance(args[0], Iterable):
             msg = f"{api}(): size must be a sequence of ints; got {args[0]!r} ({type(args[0]).__name__})."
@@ -62,7 +67,7 @@ def as_shape(args: Sequence[Any], api: str) -> tuple[int, ...]:
                 f"{api}(): Trying to create tensor with negative dimension {s}: {list(shape)}. "
                 f"Dimension size must be non-negative."
             )
-            raise ValueError(msg)
+            raise negative(msg)
     if len(shape) > MAX_NDIM:
         msg = f"{api}(): at most {MAX_NDIM} dimensions are supported; got {len(shape)}."
         raise ValueError(msg)
@@ -124,21 +129,24 @@ def normalize_dim(dim: object, ndim: int, api: str, *, scalar_ok: bool = True) -
 
 
 def infer_shape(numel: int, shape: Sequence[int], api: str) -> tuple[int, ...]:
-    """Resolve one ``-1`` in a requested shape against ``numel`` (PyTorch's ``infer_size``)."""
+    """Resolve one ``-1`` in a requested shape against ``numel`` (PyTorch's ``infer_size``).
+
+    Errors are RuntimeError with PyTorch's text, as PyTorch raises them.
+    """
     infer_at = None
     known = 1
     for i, s in enumerate(shape):
         if s == -1:
             if infer_at is not None:
                 msg = f"{api}(): only one dimension can be inferred; got shape {list(shape)}."
-                raise ValueError(msg)
+                raise RuntimeError(msg)
             infer_at = i
         elif s < 0:
             msg = (
                 f"{api}(): invalid shape dimension {s} at index {i} of shape {list(shape)}; "
                 f"sizes must be non-negative, or -1 for one inferred dimension."
             )
-            raise ValueError(msg)
+            raise RuntimeError(msg)
         else:
             known *= s
     result = list(shape)
@@ -149,10 +157,10 @@ def infer_shape(numel: int, shape: Sequence[int], api: str) -> tuple[int, ...]:
             f"{api}(): cannot reshape tensor of 0 elements into shape {list(shape)} because the "
             f"unspecified dimension size -1 can be any value and is ambiguous. Give every size."
         )
-        raise ValueError(msg)
+        raise RuntimeError(msg)
     if infer_at is None or known == 0 or numel % known != 0:
         msg = f"{api}(): shape '{list(shape)}' is invalid for input of size {numel}"
-        raise ValueError(msg)
+        raise RuntimeError(msg)
     result[infer_at] = numel // known
     return tuple(result)
 
@@ -216,13 +224,16 @@ def broadcast_shapes(*shapes: Sequence[int], api: str = "broadcast_shapes") -> t
 def expand_strides(
     shape: Sequence[int], strides: Sequence[int], target: Sequence[int], api: str
 ) -> tuple[int, ...]:
-    """Strides viewing ``(shape, strides)`` broadcast to ``target``; ``-1`` in target keeps a size."""
+    """Strides viewing ``(shape, strides)`` broadcast to ``target``; ``-1`` in target keeps a size.
+
+    A shape that cannot expand is a RuntimeError with PyTorch's text, as PyTorch raises it.
+    """
     if len(target) < len(shape):
         msg = (
             f"{api}(): the number of sizes provided ({len(target)}) must be greater or equal to the "
             f"number of dimensions in the tensor ({len(shape)})"
         )
-        raise ValueError(msg)
+        raise RuntimeError(msg)
     lead = len(target) - len(shape)
     out: list[int] = []
     for i, want in enumerate(target):
@@ -232,7 +243,7 @@ def expand_strides(
                     f"{api}(): The expanded size of the tensor ({want}) isn't allowed in a leading, "
                     f"non-existing dimension {i}"
                 )
-                raise ValueError(msg)
+                raise RuntimeError(msg)
             out.append(0)
             continue
         size, stride = shape[i - lead], strides[i - lead]
@@ -246,7 +257,7 @@ def expand_strides(
                 f"({size}) at non-singleton dimension {i}.  Target sizes: {list(target)}.  "
                 f"Tensor sizes: {list(shape)}"
             )
-            raise ValueError(msg)
+            raise RuntimeError(msg)
     return tuple(out)
 
 

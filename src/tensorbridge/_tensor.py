@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import itertools
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from . import _codec, _dtype, _layout, _memory
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
 from ._indexing import Advanced, parse_index
+from ._indexing import check_bounds as check_index_bounds
 from ._layout import Size
 from ._storage import Storage, allocate
 
@@ -221,6 +223,9 @@ class Tensor:
 
     def view(self, *shape: Any) -> Tensor:
         """The same memory with another shape; raises when the strides make that impossible."""
+        if not shape:
+            msg = "view() received an invalid combination of arguments - got (); give a shape or a dtype."
+            raise TypeError(msg)
         if len(shape) == 1 and isinstance(shape[0], DType):
             return self._view_dtype(shape[0])
         new_shape = _layout.infer_shape(self.numel(), _layout_args(shape, "view"), "view")
@@ -245,6 +250,9 @@ class Tensor:
 
     def reshape(self, *shape: Any) -> Tensor:
         """A view with the new shape when possible, else a contiguous copy."""
+        if not shape:
+            msg = 'reshape() missing 1 required positional arguments: "shape"'
+            raise TypeError(msg)
         new_shape = _layout.infer_shape(self.numel(), _layout_args(shape, "reshape"), "reshape")
         strides = _layout.view_strides(self._shape, self._strides, new_shape)
         if strides is None:
@@ -253,18 +261,22 @@ class Tensor:
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         """Merge dims ``start_dim..end_dim`` into one (a view when possible)."""
-        if self.ndim == 0:
-            return self.reshape(1)
+        # Both dims are range-checked first, for a 0-d tensor too ([-1, 0]), as in PyTorch.
         s = _layout.normalize_dim(start_dim, self.ndim, "flatten")
         e = _layout.normalize_dim(end_dim, self.ndim, "flatten")
+        if self.ndim == 0:
+            return self.reshape(1)
         if s > e:
             msg = "flatten() has invalid args: start_dim cannot come after end_dim"
-            raise ValueError(msg)
+            raise RuntimeError(msg)
         shape = (*self._shape[:s], math.prod(self._shape[s : e + 1]), *self._shape[e + 1 :])
         return self.reshape(shape)
 
     def permute(self, *dims: Any) -> Tensor:
         """A view with the dimensions reordered."""
+        if not dims:
+            msg = 'permute() missing 1 required positional arguments: "dims"'
+            raise TypeError(msg)
         given = _layout_args(dims, "permute")
         if len(given) != self.ndim:
             msg = (
@@ -272,14 +284,14 @@ class Tensor:
                 f"desired ordering of dimensions i.e. input.dim() = {self.ndim} is not equal to "
                 f"len(dims) = {len(given)}. Name every dimension once."
             )
-            raise ValueError(msg)
+            raise RuntimeError(msg)
         order = [_layout.normalize_dim(d, self.ndim, "permute") for d in given]
         if len(set(order)) != len(order):
             msg = (
                 f"permute(): duplicate dims are not allowed. Got dims {list(given)}; name each dimension "
                 f"once."
             )
-            raise ValueError(msg)
+            raise RuntimeError(msg)
         return self._view(
             self._offset, [self._shape[d] for d in order], [self._strides[d] for d in order]
         )
@@ -312,11 +324,18 @@ class Tensor:
     @property
     def T(self) -> Tensor:
         """All dimensions reversed."""
+        if self.ndim == 0:
+            _warn_zero_d("T", "This function is the identity in these cases.")
+            return self._view(self._offset, (), ())
         return self.permute(list(range(self.ndim - 1, -1, -1)))
 
     @property
     def mT(self) -> Tensor:
         """The last two dimensions swapped (a batch of matrix transposes)."""
+        if self.ndim == 0:
+            # PyTorch 2.13 returns a 0-d tensor unchanged, with a deprecation warning.
+            _warn_zero_d("mT", "This function is the identity in these cases.")
+            return self._view(self._offset, (), ())
         if self.ndim < 2:
             msg = f"tensor.mT is only supported on matrices or batches of matrices. Got {self.ndim}-D tensor."
             raise RuntimeError(msg)
@@ -328,7 +347,12 @@ class Tensor:
             keep = [i for i, s in enumerate(self._shape) if s != 1]
         else:
             dims = (dim,) if isinstance(dim, int) else tuple(dim)
-            drop = {_layout.normalize_dim(d, self.ndim, "squeeze") for d in dims}
+            named = [_layout.normalize_dim(d, self.ndim, "squeeze") for d in dims]
+            drop = set(named)
+            if len(drop) != len(named):
+                repeated = next(d for d in named if named.count(d) > 1)
+                msg = f"squeeze(): dim {repeated} appears multiple times in the list of dims"
+                raise RuntimeError(msg)
             keep = [i for i in range(self.ndim) if not (i in drop and self._shape[i] == 1)]
         return self._view(
             self._offset, [self._shape[i] for i in keep], [self._strides[i] for i in keep]
@@ -352,7 +376,7 @@ class Tensor:
         start, length = _layout_args((start, length), "narrow")
         if length < 0:
             msg = f"narrow(): length must be non-negative. Got length={length}."
-            raise ValueError(msg)
+            raise RuntimeError(msg)
         d = _layout.normalize_dim(dim, self.ndim, "narrow")
         size = self._shape[d]
         if not -size <= start <= size:
@@ -368,13 +392,16 @@ class Tensor:
                 f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({size}). "
                 f"Choose a start and length inside dimension {d}."
             )
-            raise ValueError(msg)
+            raise RuntimeError(msg)
         shape = list(self._shape)
         shape[d] = length
         return self._view(self._offset + start * self._strides[d], shape, self._strides)
 
     def expand(self, *sizes: Any) -> Tensor:
         """A broadcast view: size-1 dims repeat with stride 0, new leading dims are added."""
+        if not sizes:
+            msg = 'expand() missing 1 required positional arguments: "size"'
+            raise TypeError(msg)
         target = _layout_args(sizes, "expand")
         strides = _layout.expand_strides(self._shape, self._strides, target, "expand")
         shape = [
@@ -408,8 +435,11 @@ class Tensor:
                 f"as_strided(): mismatch in length of strides and shape; got size {list(shape)} and "
                 f"stride {list(strides)}."
             )
-            raise ValueError(msg)
+            raise RuntimeError(msg)
         offset = self._offset if storage_offset is None else storage_offset
+        # NOTE: a layout outside the storage is a ValueError, as every layout tensorbridge checks
+        # (from_pointer, imports), where PyTorch raises RuntimeError for the upper end only and
+        # lets other layouts through; the bounds check is tensorbridge's own safety guarantee.
         check_bounds(self._storage, offset, shape, strides, self._dtype.itemsize, "as_strided")
         return self._view(offset, shape, strides)
 
@@ -426,7 +456,16 @@ class Tensor:
     def _bytes(self, api: str) -> bytearray:
         """The elements packed row-major (host memory only)."""
         mv, offset, strides, shape, itemsize = self._region(api)
-        return _memory.gather(mv, offset, strides, shape, itemsize)
+        try:
+            return _memory.gather(mv, offset, strides, shape, itemsize)
+        except MemoryError:
+            # A broadcast view can describe far more elements than memory holds.
+            msg = (
+                f"{api}(): cannot allocate {self.nbytes} bytes to copy a tensor of shape "
+                f"{list(shape)} and dtype {self._dtype}; the system is out of memory. Copy a "
+                f"smaller part."
+            )
+            raise MemoryError(msg) from None
 
     def _values(self, api: str) -> list[Any]:
         """All elements as Python values, row-major."""
@@ -466,9 +505,17 @@ class Tensor:
         return builtins.bool(self.item())
 
     def __int__(self) -> int:
-        return int(
-            self._scalar("__int__").real if self._dtype.kind == "c" else self._scalar("__int__")
-        )
+        value = self._scalar("__int__")
+        if self._dtype.kind == "c":
+            if value.imag != 0:
+                # PyTorch 2.13 refuses to drop an imaginary part here (c10::checked_convert).
+                msg = (
+                    f"__int__(): value cannot be converted to type int64_t without overflow; got "
+                    f"{value!r}, whose imaginary part is not 0. Take .real first."
+                )
+                raise RuntimeError(msg)
+            value = value.real
+        return int(value)
 
     def __float__(self) -> float:
         return builtins.float(self._scalar("__float__"))
@@ -517,11 +564,32 @@ class Tensor:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._check_writable("__setitem__")
+        if key is False:
+            return  # PyTorch 2.13 skips the assignment, value unchecked
+        if key is True:
+            key = None  # PyTorch assigns through an unsqueezed view here, casting the value
         basic = parse_index(key, self._shape, self._strides, "__setitem__")
         view = self._view(self._offset + basic.offset, basic.shape, basic.strides)
         if not basic.advanced:
+            if isinstance(value, (builtins.bool, int, builtins.float, complex)):
+                # PyTorch writes a scalar through copy_ here (fill_ itself allows overlap).
+                view._check_no_internal_overlap("__setitem__")
             view._assign(value, "__setitem__")
             return
+        view._index_shape(basic.advanced, "__setitem__")  # a shape mismatch is reported first
+        if (
+            isinstance(value, Tensor)
+            and value._dtype is not self._dtype
+            and not (basic.single_mask and value.numel() == 1)
+        ):
+            # PyTorch 2.13's index_put_ refuses to cast (basic-index assignment does cast), except
+            # for one mask and a one-element value, which it writes with masked_fill_.
+            msg = (
+                f"__setitem__(): Index put requires the source and destination dtypes match, got "
+                f"{self._dtype} for the destination and {value._dtype} for the source. Convert the "
+                f"value with to({self._dtype}) first."
+            )
+            raise RuntimeError(msg)
         blocks, out_shape, post_shape, post_strides = view._advanced_blocks(
             basic.advanced, "__setitem__"
         )
@@ -540,6 +608,18 @@ class Tensor:
                 data[i * block_bytes : (i + 1) * block_bytes],
             )
 
+    def _index_shape(self, advanced: Sequence[Advanced], api: str) -> tuple[int, ...]:
+        """The broadcast shape of the index arrays; IndexError (PyTorch's text) when they clash."""
+        shapes = [a.shape for a in advanced]
+        try:
+            return _layout.broadcast_shapes(*shapes, api=api)
+        except ValueError:
+            msg = (
+                f"{api}(): shape mismatch: indexing tensors could not be broadcast together with shapes "
+                f"{', '.join(str(list(s)) for s in shapes)}. Give the index tensors broadcastable shapes."
+            )
+            raise IndexError(msg) from None
+
     def _advanced_blocks(
         self, advanced: Sequence[Advanced], api: str
     ) -> tuple[list[int], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -548,15 +628,13 @@ class Tensor:
         NumPy's rule: when the advanced dims are adjacent, the broadcast index shape replaces them in
         place; otherwise it goes first.
         """
-        shapes = [a.shape for a in advanced]
-        try:
-            bshape = _layout.broadcast_shapes(*shapes, api=api)
-        except ValueError:
-            msg = (
-                f"{api}(): shape mismatch: indexing tensors could not be broadcast together with shapes "
-                f"{', '.join(str(list(s)) for s in shapes)}. Give the index tensors broadcastable shapes."
+        bshape = self._index_shape(advanced, api)
+        advanced = [
+            Advanced(
+                a.dim, tuple(check_index_bounds(a.values, self._shape[a.dim], a.dim, api)), a.shape
             )
-            raise IndexError(msg) from None
+            for a in advanced
+        ]
         index_lists = [_broadcast_values(a.values, a.shape, bshape) for a in advanced]
         adv_dims = [a.dim for a in advanced]
         rest = [d for d in range(self.ndim) if d not in adv_dims]
@@ -638,8 +716,7 @@ class Tensor:
         self._copy_from(source, "copy_")
         return self
 
-    def _copy_from(self, src: Tensor, api: str) -> None:
-        self._check_writable(api)
+    def _check_no_internal_overlap(self, api: str) -> None:
         if self.numel() > 1 and any(n > 1 and st == 0 for n, st in zip(self._shape, self._strides)):
             # PyTorch's check (at::assert_no_internal_overlap): which source element would win is
             # arbitrary. A fill writes one value everywhere, so fill_ stays allowed, as in PyTorch.
@@ -648,6 +725,10 @@ class Tensor:
                 f"to a single memory location. Please clone() the tensor before performing the operation."
             )
             raise RuntimeError(msg)
+
+    def _copy_from(self, src: Tensor, api: str) -> None:
+        self._check_writable(api)
+        self._check_no_internal_overlap(api)
         src = _expand_source(src, self._shape, api)
         dst_mv = self._storage.host_view(api)
         itemsize = self._dtype.itemsize
@@ -825,6 +906,11 @@ def check_bounds(
         raise ValueError(msg)
 
 
+def _warn_zero_d(name: str, hint: str) -> None:
+    """PyTorch 2.13's deprecation warning for ``T``/``mT`` of a 0-d tensor (UserWarning, its words)."""
+    warnings.warn(f"Tensor.{name} is deprecated on 0-D tensors. {hint}", UserWarning, stacklevel=3)
+
+
 def _layout_args(args: Sequence[Any], api: str) -> tuple[int, ...]:
     """``f(2, 3)`` or ``f((2, 3))``: a tuple of ints, negative values allowed (checked by the caller)."""
     if len(args) == 1 and not isinstance(args[0], int) and hasattr(args[0], "__iter__"):
@@ -899,14 +985,14 @@ def _check_copy_shapes(dst: Sequence[int], src: Sequence[int]) -> None:
                 f"non-singleton dimension {i}; got destination shape {list(dst)} and source shape "
                 f"{list(src)}. Give the source a shape that broadcasts to the destination."
             )
-            raise ValueError(msg)
+            raise RuntimeError(msg)
         out.append(b if a == 1 else a)
     if tuple(reversed(out)) != tuple(dst):
         msg = (
             f"copy_(): output with shape {list(dst)} doesn't match the broadcast shape "
             f"{list(reversed(out))}. Give the source a shape that broadcasts to the destination."
         )
-        raise ValueError(msg)
+        raise RuntimeError(msg)
 
 
 def _cast(src: Tensor, dtype: DType, api: str) -> bytes:
