@@ -866,6 +866,23 @@ def _exports(x: Any) -> bool:
 _DOCUMENTED: Final = (TypeError, ValueError, BufferError, RuntimeError)
 
 
+def _numpy_can_name(dtype_name: str) -> bool:
+    """Whether NumPy (with ml_dtypes, when installed) has a type for elements of ``dtype_name``."""
+    try:
+        import numpy as np
+    except ImportError:
+        return False
+    try:
+        np.dtype(dtype_name)
+    except TypeError:
+        try:
+            import ml_dtypes
+        except ImportError:
+            return False
+        return hasattr(ml_dtypes, dtype_name)
+    return True
+
+
 @dataclass
 class _Flow:
     """The objects of one exchange: producer side and object, consumer side and result, and the
@@ -1075,6 +1092,11 @@ class _Exchange:
             cell.outcome, cell.blame = REFUSED, flow.c.key
         elif isinstance(exc, NotImplementedError) or not isinstance(exc, _DOCUMENTED):
             self._break(cell, cell.reason)
+        elif isinstance(exc, TypeError) and not _numpy_can_name(flow.t.dtype.name):
+            # NumPy has no type for these elements (float4 pairs; bfloat16 or float8 without
+            # ml_dtypes): tensorbridge refuses rather than hand out an object array or raw bytes
+            # in disguise, as documented.
+            cell.outcome, cell.blame = REFUSED, "tensorbridge"
         elif not flow.t.is_readonly:
             self._break(cell, f"tensorbridge refused to export a writable tensor: {cell.reason}")
         else:  # a documented refusal: a read-only tensor asked for as a legacy capsule
