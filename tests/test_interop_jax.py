@@ -195,10 +195,23 @@ def test_jax_buffer_lives_while_tensorbridge_views_do():
 JAX_COMPACT = {"c_order", "f_order", "negative_step", "zero_d", "empty", "offset"}
 
 
+def _jax_reads_transposed_layouts() -> bool:
+    """Whether this JAX reads a column-major DLPack tensor right. Some releases on CPU (0.6.2 on
+    Python 3.10 here) read it as row-major, silently, whoever the producer (NumPy too)."""
+    raw = np.zeros(24 + 16, dtype=np.int32)
+    start = (-raw.ctypes.data % 64) // 4  # JAX shares (and misreads) only 64-byte aligned memory
+    a = raw[start : start + 24]
+    a[:] = np.arange(24)
+    a = a.reshape(4, 3, 2).transpose(2, 1, 0)
+    return jnp.from_dlpack(a).tolist() == a.tolist()
+
+
 def test_layout_to_jax(layout):
     """Compact layouts reach JAX with their values; JAX refuses the others itself, cleanly."""
     name, t = layout
     if name in JAX_COMPACT:
+        if name == "f_order" and not _jax_reads_transposed_layouts():
+            pytest.skip(f"JAX {jax.__version__} misreads column-major DLPack tensors")
         assert jnp.from_dlpack(t).tolist() == t.tolist()
         return
     with pytest.raises(JAX_RUNTIME_ERROR, match="striding"):
@@ -249,3 +262,10 @@ def test_chain_numpy_tensorbridge_torch_tensorbridge_jax():
     del t1, x, t2
     gc.collect()
     assert y.tolist()[1] == [6.0, 7.0, 8.0]
+
+
+def test_jax_method_gives_the_values_of_every_layout(layout):
+    """t.jax() hands JAX a row-major tensor, so every layout arrives with its values, on every
+    JAX (some releases misread column-major DLPack tensors)."""
+    _, t = layout
+    assert t.jax().tolist() == t.tolist()
