@@ -35,7 +35,7 @@ from types import ModuleType
 from typing import Any
 
 import tensorbridge as tb
-from tensorbridge._doctor import WIDTH, table
+from tensorbridge.cli.render import WIDTH, table
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 BIG = 16 * MiB  # from here on, inputs are memory maps and copies are refused

@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from tensorbridge import _cli, _doctor
+from tensorbridge import cli
+from tensorbridge.cli import progress, render
 
 pytestmark = pytest.mark.subprocess
 
@@ -58,6 +59,8 @@ _CELL_KEYS = {
     "unaligned",
 }
 _OUTCOMES = {"shared", "copied", "refused", "broken", "n/a"}
+# A bench run that takes a moment: one size, a tiny time budget, one repeat, one group of calls.
+_TINY_BENCH = ("--sizes", "1KiB", "--budget", "0.0005", "--repeat", "1", "--only", "frombuffer")
 
 
 def _run(
@@ -65,7 +68,7 @@ def _run(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m tensorbridge ARGS``, or ``python -c CODE`` followed by ``main(ARGS)``."""
     script = textwrap.dedent(code) + (
-        f"\nfrom tensorbridge._cli import main\nraise SystemExit(main({list(args)!r}))\n"
+        f"\nfrom tensorbridge.cli import main\nraise SystemExit(main({list(args)!r}))\n"
     )
     return subprocess.run(
         [sys.executable, "-c", script],
@@ -90,9 +93,9 @@ def full_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("doctor")
     code = f"""
     import json, sys
-    from tensorbridge import _doctor
-    report = _doctor.run(_doctor.Options())
-    open({str(out / "report.txt")!r}, "w").write(_doctor.render(report))
+    from tensorbridge.cli import doctor, render
+    report = doctor.run(doctor.Options())
+    open({str(out / "report.txt")!r}, "w").write(render.render(report))
     json.dump(report.to_json(), open({str(out / "report.json")!r}, "w"))
     sys.exit(0 if report.ok else 1)
     """
@@ -268,12 +271,12 @@ def test_doctor_reports_a_placeholder_as_broken_without_crashing():
 def test_progress_appears_only_after_a_second():
     """The progress line is written only once the run has taken more than a second."""
     stream = io.StringIO()
-    progress = _doctor._Progress(True, stream, ticking=False)
-    progress("early")
+    line = progress.Progress(True, stream, ticking=False)
+    line("early")
     assert stream.getvalue() == ""
-    progress.start -= 2.0
-    progress.last -= 2.0
-    progress("importing JAX")
+    line.start -= 2.0
+    line.last -= 2.0
+    line("importing JAX")
     assert "importing JAX" in stream.getvalue()
     assert stream.getvalue().endswith("\n")  # not a terminal: one line per update
 
@@ -281,16 +284,16 @@ def test_progress_appears_only_after_a_second():
 def test_table_splits_columns_that_do_not_fit():
     """A table wider than the limit is split into blocks that repeat the first column."""
     rows = [["row", *("x" * 20 for _ in range(6))]]
-    lines = _doctor.table(["name", *(f"col{i}" for i in range(6))], rows, width=60)
+    lines = render.table(["name", *(f"col{i}" for i in range(6))], rows, width=60)
     assert max(len(line) for line in lines) <= 60
     assert sum(line.strip().startswith("name") for line in lines) >= 2
 
 
 def test_peer_list_parsing():
     """--peers accepts a comma list; 'none' (or 'stdlib') means no peer at all."""
-    assert _cli._peer_list("numpy, torch") == ("numpy", "torch")
-    assert _cli._peer_list("none") == ()
-    assert _cli._peer_list("stdlib") == ()
+    assert cli.peer_list("numpy, torch") == ("numpy", "torch")
+    assert cli.peer_list("none") == ()
+    assert cli.peer_list("stdlib") == ()
 
 
 def test_bench_quick_json_reports_ratios(tmp_path):
@@ -314,14 +317,7 @@ def test_bench_runs_with_the_peers_hidden():
     """Without any peer, bench still times tensorbridge's own calls."""
     proc = _run(
         "bench",
-        "--sizes",
-        "1KiB",
-        "--budget",
-        "0.0005",
-        "--repeat",
-        "1",
-        "--only",
-        "frombuffer",
+        *_TINY_BENCH,
         code=_BLOCK_PEERS,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -334,14 +330,7 @@ def test_bench_plot_without_matplotlib_says_so(tmp_path):
     target = tmp_path / "ratios.png"
     proc = _run(
         "bench",
-        "--sizes",
-        "1KiB",
-        "--budget",
-        "0.0005",
-        "--repeat",
-        "1",
-        "--only",
-        "frombuffer",
+        *_TINY_BENCH,
         "--plot",
         str(target),
         code=_BLOCK_PEERS,
@@ -358,14 +347,7 @@ def test_bench_plot_writes_a_png(tmp_path):
     target = tmp_path / "ratios.png"
     proc = _run(
         "bench",
-        "--sizes",
-        "1KiB",
-        "--budget",
-        "0.0005",
-        "--repeat",
-        "1",
-        "--only",
-        "frombuffer",
+        *_TINY_BENCH,
         "--peers",
         "torch",
         "--plot",

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _cli, _doctor
+from tensorbridge import cli
+from tensorbridge.cli import checks, environment, exchange, peers, render, sides
 
 pytestmark = pytest.mark.subprocess
 
-_SRC = str(Path(_doctor.__file__).resolve().parents[1])
+_SRC = str(Path(tb.__file__).resolve().parents[1])
 _NOISE = ("Traceback", "BrokenPipeError", "Exception ignored")
 
 
@@ -34,7 +35,7 @@ def _env(fake: Path | None = None) -> dict[str, str]:
 
 def _script(args: list[str], code: str = "") -> str:
     return textwrap.dedent(code) + (
-        f"\nfrom tensorbridge._cli import main\nraise SystemExit(main({args!r}))\n"
+        f"\nfrom tensorbridge.cli import main\nraise SystemExit(main({args!r}))\n"
     )
 
 
@@ -175,7 +176,7 @@ def test_unknown_peer_is_an_error_naming_the_known_ones(where):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "unknown peer 'bogus'" in proc.stderr
-    assert ", ".join(_doctor.PEERS) in proc.stderr
+    assert ", ".join(peers.PEERS) in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -196,10 +197,10 @@ def test_doctor_without_peers_says_how_to_see_the_full_matrix():
     assert "To see the full matrix" in text
 
 
-def _libraries(**statuses: str) -> list[_doctor.Library]:
+def _libraries(**statuses: str) -> list[environment.Library]:
     found = []
     for key, status in statuses.items():
-        lib = _doctor.Library(key, key.capitalize(), key)
+        lib = environment.Library(key, key.capitalize(), key)
         if status != "not installed":
             lib.version, lib.status = "1.0", status
         found.append(lib)
@@ -217,7 +218,7 @@ def _libraries(**statuses: str) -> list[_doctor.Library]:
 )
 def test_no_library_hint_matches_why_none_was_used(statuses, expected):
     """The hint names the cause: peers deselected, failed imports, or none installed."""
-    hint = _doctor._no_library_hint(_libraries(**statuses))
+    hint = render.no_library_hint(_libraries(**statuses))
     if expected is None:
         assert hint is None
     else:
@@ -225,9 +226,9 @@ def test_no_library_hint_matches_why_none_was_used(statuses, expected):
 
 
 def test_peer_list_rejects_unknown_names():
-    """_peer_list raises argparse's type error for a name the doctor does not exchange with."""
+    """peer_list raises argparse's type error for a name the doctor does not exchange with."""
     with pytest.raises(Exception, match="unknown peer 'tensorflow'"):
-        _cli._peer_list("numpy,tensorflow")
+        cli.peer_list("numpy,tensorflow")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -242,7 +243,7 @@ class _InterfaceOnly:
         self.__array_interface__ = dict(array.__array_interface__)
 
 
-class _InterfaceSide(_doctor.Side):
+class _InterfaceSide(sides.Side):
     key = label = "interface"
 
     def __init__(self, np) -> None:
@@ -268,8 +269,8 @@ class _InterfaceSide(_doctor.Side):
 def test_numpy_consumer_tries_asarray():
     """NumPy reads an object with only __array_interface__ through np.asarray, sharing it."""
     np = pytest.importorskip("numpy")
-    ex = _doctor._Exchange(_doctor._TensorbridgeSide())
-    cell = ex.run(_InterfaceSide(np), _doctor._NumpySide(), "cpu", "direct", "int32")
+    ex = exchange.Exchange(sides.TensorbridgeSide())
+    cell = ex.run(_InterfaceSide(np), peers.NumpySide(), "cpu", "direct", "int32")
     assert cell.outcome == "shared", cell
     assert cell.calls == "np.asarray"
 
@@ -277,7 +278,7 @@ def test_numpy_consumer_tries_asarray():
 def test_numpy_consumer_entry_points_in_order():
     """NumPy's entry points are tried as its users call them: from_dlpack, frombuffer, asarray."""
     pytest.importorskip("numpy")
-    side = _doctor._NumpySide()
+    side = peers.NumpySide()
     names = [name for name, _ in side.entry_points(bytearray(8))]
     assert names == ["np.frombuffer", "np.asarray"]
     names = [name for name, _ in side.entry_points(side.np.zeros(2))]
@@ -287,13 +288,13 @@ def test_numpy_consumer_entry_points_in_order():
 @pytest.mark.parametrize("aligned", [True, False])
 def test_doctor_allocates_at_the_alignment_it_asks_for(aligned):
     """Producer memory is 64-byte aligned (or, asked, not); only always-aligned sides refuse."""
-    sides = [*_doctor._stdlib_producers(), _doctor._TensorbridgeSide()]
+    producers = [*sides.stdlib_producers(), sides.TensorbridgeSide()]
     with contextlib.suppress(ImportError):
-        sides.append(_doctor._NumpySide())
-    ex = _doctor._Exchange(_doctor._TensorbridgeSide())
-    for side in sides:
-        dtype = side.dtypes()[0] if isinstance(side, _doctor._Stdlib) else "int32"
-        raw = _doctor._pattern(getattr(tb, dtype))
+        producers.append(peers.NumpySide())
+    ex = exchange.Exchange(sides.TensorbridgeSide())
+    for side in producers:
+        dtype = side.dtypes()[0] if isinstance(side, sides.Stdlib) else "int32"
+        raw = sides.pattern(getattr(tb, dtype))
         for _ in range(5):
             x = ex._make(side, dtype, raw, "cpu", aligned)
             if x is None:  # only producers whose memory is always aligned refuse to misalign
@@ -333,8 +334,8 @@ def test_numpy_readonly_check_passes_on_old_numpy_dlpack():
     """NumPy's own refusal to export read-only arrays by DLPack is reported, not failed."""
     np = pytest.importorskip("numpy")
     side = types.SimpleNamespace(np=_old_numpy(np))
-    check = _doctor._run_check(
-        "NumPy read-only arrays import read-only", _doctor._check_numpy_readonly, {"numpy": side}
+    check = checks.run_check(
+        "NumPy read-only arrays import read-only", checks.check_numpy_readonly, {"numpy": side}
     )
     assert check.ok is True, check.detail
     assert "NumPy 1.26.4 refuses to export it by DLPack" in check.detail

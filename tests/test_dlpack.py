@@ -1183,7 +1183,7 @@ def test_rejected_export_is_not_a_system_error(crafted):
     # tensorbridge rejects a 2.0 capsule; dropping tensorbridge capsules meanwhile runs no code
     t = tb.arange(3)
     with pytest.raises(BufferError, match="major version"):
-        tb.from_dlpack(crafted(version=(2, 1)).take_capsule())
+        tb.from_dlpack(crafted(version=(2, 1)).take())
     assert tb.from_dlpack(t.__dlpack__(max_version=(1, 0))).tolist() == [0, 1, 2]
 
 
@@ -1192,7 +1192,7 @@ def test_exit_with_live_imports_and_exports(subprocess_run):
     code = f"""
         import sys
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
-        from conftest import CraftedDLPack
+        from tensorbridge.testing import CraftedDLPack
         import tensorbridge as tb
         producer = CraftedDLPack()
         imported = tb.from_dlpack(producer.capsule)

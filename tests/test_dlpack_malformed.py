@@ -228,7 +228,7 @@ def test_malformed_cases_do_not_crash_the_interpreter(subprocess_run):
         spec = importlib.util.spec_from_file_location("malformed", {str(here)!r})
         malformed = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(malformed)
-        from conftest import CraftedDLPack
+        from tensorbridge.testing import CraftedDLPack
         import tensorbridge as tb
         results = {{}}
         for name, kwargs, mutate, error, words in malformed.ALL_CASES:

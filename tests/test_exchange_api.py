@@ -129,7 +129,7 @@ class _ExchangeProducer:
 
     def __dlpack__(self, **kwargs):
         self.dlpack_calls += 1
-        return self.fallback.take_capsule()
+        return self.fallback.take()
 
     def __dlpack_device__(self):
         return self.fallback.__dlpack_device__()

@@ -85,13 +85,15 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], str]] = {
         (),
         """
         import ctypes
-        from tests.soak import crafted
+        from tensorbridge.testing import CraftedDLPack
         cp_block = (ctypes.c_float * 4)(1, 2, 3, 4)
         cp_at = ctypes.addressof(cp_block)
-        cp_unconsumed = crafted.Managed(cp_at, (4,), (1,), keep=cp_block).take()
-        cp_t = tb.from_dlpack(crafted.Managed(cp_at, (2, 2), (2, 1), keep=cp_block).take())
-        cp_legacy = tb.from_dlpack(crafted.Managed(cp_at, (4,), None, versioned=False,
-                                                   keep=cp_block).take())
+        cp_unconsumed = CraftedDLPack((), data=cp_at, shape=(4,), strides=(1,),
+                                      keep=cp_block).take()
+        cp_t = tb.from_dlpack(CraftedDLPack((), data=cp_at, shape=(2, 2), strides=(2, 1),
+                                            keep=cp_block).take())
+        cp_legacy = tb.from_dlpack(CraftedDLPack((), data=cp_at, shape=(4,), versioned=False,
+                                                 keep=cp_block).take())
     """,
     ),
     "cycles": (

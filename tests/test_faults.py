@@ -15,15 +15,17 @@ import pytest
 from tests.soak import crafted
 
 import tensorbridge as tb
-from tensorbridge import _capi, _exports
+from tensorbridge import _capi, _exports, testing
 from tensorbridge import _dlpack_abi as abi
 
 _VALUES = (ctypes.c_float * 4)(1, 2, 3, 4)
 
 
-def _managed(**fields: Any) -> crafted.Managed:
+def _managed(**fields: Any) -> testing.CraftedDLPack:
     """A well-formed crafted 1-D float32 tensor over `_VALUES` (fields override)."""
-    return crafted.Managed(ctypes.addressof(_VALUES), (4,), (1,), keep=_VALUES, **fields)
+    return testing.CraftedDLPack(
+        (), data=ctypes.addressof(_VALUES), shape=(4,), strides=(1,), keep=_VALUES, **fields
+    )
 
 
 class _Producer:
@@ -226,7 +228,7 @@ def test_capsule_over_a_null_struct(versioned: bool) -> None:
     capsule = _capi.PyCapsule_New(ctypes.addressof(struct), name, None)
     with pytest.raises(BufferError, match="from_dlpack"):
         tb.from_dlpack(capsule)
-    assert crafted.capsule_name(capsule) == name
+    assert testing.capsule_name(capsule) == name
 
 
 @crafted.isolated
@@ -238,7 +240,7 @@ def test_null_deleter_is_never_called() -> None:
     del t
     gc.collect()
     assert record.deleter_calls == 0
-    assert crafted.stats()["stray"] == 0
+    assert testing.stats()["stray"] == 0
 
 
 @crafted.isolated
@@ -318,25 +320,25 @@ def test_raising_deleter(subprocess_run: Any) -> None:
 _REENTRANT_DELETER = """
 import ctypes, gc
 import tensorbridge as tb
-from tests.soak import crafted
+from tensorbridge import testing
 held = [tb.arange(5), tb.from_dlpack(tb.arange(4).__dlpack__(max_version=(1, 3)))]
 values = (ctypes.c_float * 2)(1, 2)
-record = crafted.Managed(ctypes.addressof(values), (2,), (1,), keep=values)
+record = testing.CraftedDLPack((), data=ctypes.addressof(values), shape=(2,), strides=(1,), keep=values)
 # The producer's memory is freed by a deleter that drops tensors, exports, imports and collects:
-struct = crafted.Managed.live[record.address][0]
-original = crafted.abi.DLPackDeleter(ctypes.cast(struct.deleter, ctypes.c_void_p).value)  # a copy
-@crafted.abi.DLPackDeleter
+struct = record.managed
+original = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(struct.deleter)  # a copy
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def reentrant(address):
     held.clear()
     tb.from_dlpack(tb.to_dlpack(tb.arange(2)))
     gc.collect()
     original(address)
-struct.deleter = reentrant
+struct.deleter = ctypes.cast(reentrant, ctypes.c_void_p).value
 t = tb.from_dlpack(record.take())
 del t
 gc.collect()
 assert record.deleter_calls == 1 and held == [], (record.deleter_calls, held)
-assert crafted.stats() == {"made": 1, "deleted": 1, "stray": 0, "live": 0}, crafted.stats()
+assert testing.stats() == {"made": 1, "deleted": 1, "stray": 0, "live": 0}, testing.stats()
 print("ok")
 """
 

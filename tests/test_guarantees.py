@@ -23,7 +23,7 @@ import pytest
 from tests.soak import crafted
 
 import tensorbridge as tb
-from tensorbridge import _capi
+from tensorbridge import _capi, testing
 from tensorbridge import _dlpack_abi as abi
 
 
@@ -172,6 +172,21 @@ _WRITES = {
 _RO = (ctypes.c_uint8 * 4)(1, 2, 3, 4)
 
 
+def _uint8_import(flags: int) -> tb.Tensor:
+    """The four bytes of `_RO` imported from a crafted capsule with the given DLPack flags."""
+    return tb.from_dlpack(
+        testing.CraftedDLPack(
+            (),
+            data=ctypes.addressof(_RO),
+            shape=(4,),
+            strides=(1,),
+            dtype=tb.uint8.dlpack,
+            flags=flags,
+            keep=_RO,
+        ).take()
+    )
+
+
 def _read_only_tensor(source: str, tmp_path: Any) -> tb.Tensor:
     """A tensor holding 1, 2, 3, 4 in read-only memory of the given kind."""
     if source == "bytes":
@@ -179,11 +194,7 @@ def _read_only_tensor(source: str, tmp_path: Any) -> tb.Tensor:
     if source == "read-only memoryview":
         return tb.asarray(memoryview(b"\x01\x02\x03\x04"))
     if source == "READ_ONLY capsule":
-        return tb.from_dlpack(
-            crafted.Managed(
-                ctypes.addressof(_RO), (4,), (1,), dtype=(1, 8, 1), flags=1, keep=_RO
-            ).take()
-        )
+        return _uint8_import(flags=1)
     if source == "from_file mode r":
         path = tmp_path / "ro.bin"
         path.write_bytes(b"\x01\x02\x03\x04")
@@ -228,15 +239,9 @@ def _flags(capsule: Any) -> int:
 def test_read_only_flag_is_honoured_on_import_and_set_on_export() -> None:
     """DLPack READ_ONLY makes the import read-only; a read-only tensor's versioned export carries
     the flag (and NumPy imports it read-only); a writable tensor's does not."""
-    writable = tb.from_dlpack(
-        crafted.Managed(ctypes.addressof(_RO), (4,), (1,), dtype=(1, 8, 1), keep=_RO).take()
-    )
+    writable = _uint8_import(flags=0)
     assert not writable.is_readonly
-    flagged = tb.from_dlpack(
-        crafted.Managed(
-            ctypes.addressof(_RO), (4,), (1,), dtype=(1, 8, 1), flags=1, keep=_RO
-        ).take()
-    )
+    flagged = _uint8_import(flags=1)
     assert flagged.is_readonly
     assert _flags(flagged.__dlpack__(max_version=(1, 3))) & abi.DLPACK_FLAG_BITMASK_READ_ONLY
     assert not _flags(writable.__dlpack__(max_version=(1, 3))) & abi.DLPACK_FLAG_BITMASK_READ_ONLY
@@ -330,7 +335,7 @@ def test_failed_import_leaves_capsule_unconsumed(failure: str, route: str) -> No
     }
     fields.update(_FAILURES[failure])
     data = fields.pop("data")
-    record = crafted.Managed(data, fields.pop("shape"), fields.pop("strides"), **fields)
+    record = testing.CraftedDLPack((), data=0 if data is None else data, **fields)
     capsule = record.take()
     source, kwargs = (_HandsOver(capsule), {}) if route == "producer" else (capsule, {})
     if route == "capsule with device":
@@ -338,7 +343,7 @@ def test_failed_import_leaves_capsule_unconsumed(failure: str, route: str) -> No
     with pytest.raises((BufferError, TypeError, ValueError)):
         tb.from_dlpack(source, **kwargs)
     del source
-    assert crafted.capsule_name(capsule) == abi.DLTENSOR_VERSIONED
+    assert testing.capsule_name(capsule) == abi.DLTENSOR_VERSIONED
     assert record.deleter_calls == 0
     del capsule
     gc.collect()
@@ -398,10 +403,8 @@ def test_unusual_layouts_are_handled(case: str) -> None:
     fields, expected = _IMPORTS[case]
     fields = dict(fields)
     offset = fields.pop("data")
-    data = None if offset is None else ctypes.addressof(_VALUES) + offset
-    record = crafted.Managed(
-        data, fields.pop("shape"), fields.pop("strides"), keep=_VALUES, **fields
-    )
+    data = 0 if offset is None else ctypes.addressof(_VALUES) + offset  # 0: NULL
+    record = testing.CraftedDLPack((), data=data, keep=_VALUES, **fields)
     t = tb.from_dlpack(record.take())
     assert t.tolist() == expected
     assert tb.from_dlpack(t.__dlpack__(max_version=(1, 3))).tolist() == expected
@@ -436,14 +439,16 @@ def test_unusual_layouts_export_to_numpy(layout: tuple[str, tb.Tensor]) -> None:
 _DEVICE_PROGRAM = """
 import ctypes, pickle
 import tensorbridge as tb
-from tests.soak import crafted
-fence = crafted.Fenced(8, at_end=False)
+from tensorbridge.testing import CraftedDLPack, Fenced
+fence = Fenced(8, at_end=False)
 page = fence.start - 256  # inside an inaccessible page: reading it kills the process
 tensors = {
-    "CUDA capsule": tb.from_dlpack(crafted.Managed(page, (2, 3), (3, 1), device=(2, 0)).take()),
-    "ROCm capsule": tb.from_dlpack(crafted.Managed(page, (4,), (-1,), device=(10, 1)).take()),
-    "OpenCL handle + byte_offset": tb.from_dlpack(crafted.Managed(page, (4,), (1,), device=(4, 0),
-                                                                  byte_offset=8).take()),
+    "CUDA capsule": tb.from_dlpack(CraftedDLPack((), data=page, shape=(2, 3), strides=(3, 1),
+                                                  device=(2, 0)).take()),
+    "ROCm capsule": tb.from_dlpack(CraftedDLPack((), data=page, shape=(4,), strides=(-1,),
+                                                  device=(10, 1)).take()),
+    "OpenCL handle + byte_offset": tb.from_dlpack(CraftedDLPack((), data=page, shape=(4,),
+        strides=(1,), device=(4, 0), byte_offset=8).take()),
     "from_pointer cuda": tb.from_pointer(page, (2, 2), tb.float32, device="cuda:0"),
     "cuda array interface": tb.asarray(type("C", (), {"__cuda_array_interface__": {
         "version": 3, "typestr": "<f4", "shape": (3,), "data": (page, False)}})()),
@@ -498,7 +503,9 @@ def _owners() -> dict[str, Any]:
     released."""
 
     def crafted_import() -> tuple[tb.Tensor, Any]:
-        record = crafted.Managed(ctypes.addressof(_VALUES), (12,), (1,), keep=_VALUES)
+        record = testing.CraftedDLPack(
+            (), data=ctypes.addressof(_VALUES), shape=(12,), strides=(1,), keep=_VALUES
+        )
         return tb.from_dlpack(record.take()), lambda: record.deleter_calls == 0
 
     def held_buffer() -> tuple[tb.Tensor, Any]:
@@ -559,4 +566,4 @@ def test_memory_is_released_exactly_once_when_the_last_view_dies(owner: str, ord
         views.pop(0)
     gc.collect()
     assert not alive()
-    assert crafted.stats()["stray"] == 0
+    assert testing.stats()["stray"] == 0

@@ -2,7 +2,7 @@
 
 Every input must end in a Python exception (a clean, built-in one) or a correct result; never a
 crash, and never a read or write outside the memory the input describes. Memory comes from
-`crafted.Fenced`, which sits between inaccessible pages, so an out-of-bounds access kills the
+`tensorbridge.testing.Fenced`, which sits between inaccessible pages, so an out-of-bounds access kills the
 process; memory that must never be read on the host (device pointers) is an inaccessible page
 itself.
 
@@ -38,6 +38,7 @@ import tensorbridge as tb
 from tensorbridge import _capi
 from tensorbridge import _dlpack_abi as abi
 from tensorbridge._dtype import BY_DLPACK
+from tensorbridge.testing import CraftedDLPack, Fenced, capsule_name
 
 _ROOT = Path(__file__).resolve().parents[1]
 BATCH = 40
@@ -95,7 +96,7 @@ class _Memory:
 
     def __init__(self, low: int, high: int, at_end: bool) -> None:
         size = high - low
-        self.block = crafted.Fenced(size, at_end=at_end) if 0 < size <= MAX_DATA else None
+        self.block = Fenced(size, at_end=at_end) if 0 < size <= MAX_DATA else None
         if self.block is not None:
             self.block.write(bytes((i * 7 + 3) % 251 for i in range(size)))
             self.first = self.block.start - low
@@ -110,13 +111,13 @@ class _Memory:
         return self.block.read() if self.block is not None else b""
 
 
-_FENCES: list[crafted.Fenced] = []
+_FENCES: list[Fenced] = []
 
 
 def _fence_page() -> int:
     """An address inside an inaccessible page: any host access to it crashes the process."""
     if not _FENCES:
-        _FENCES.append(crafted.Fenced(8, at_end=False))
+        _FENCES.append(Fenced(8, at_end=False))
     return _FENCES[0].start - 64
 
 
@@ -249,10 +250,11 @@ def run_dlpack(spec: dict[str, Any]) -> dict[str, Any]:
     if data is None:
         data = _fence_page()
     name = None if spec["name"] is None else spec["name"].encode("latin-1")
-    managed = crafted.Managed(
-        data,
-        spec["shape"],
-        spec["strides"],
+    managed = CraftedDLPack(
+        (),
+        data=data,
+        shape=spec["shape"],
+        strides=spec["strides"],
         ndim=spec["ndim"],
         dtype=(code, bits, lanes),
         versioned=spec["versioned"],
@@ -275,7 +277,7 @@ def run_dlpack(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         outcome = None
     if outcome is not None:  # outside the except block: the traceback (and its frames) are gone
-        if crafted.capsule_name(capsule).startswith(b"used_") and name is None:
+        if capsule_name(capsule).startswith(b"used_") and name is None:
             outcome["problem"] = "a failed import consumed the capsule"
         del capsule
         if spec["deleter"] and name is None and managed.deleter_calls != 1:
@@ -324,7 +326,7 @@ def _fenced_buffer(memory: _Memory | None, nbytes: int) -> Any:
     if memory is not None and memory.block is not None:
         block = memory.block
     else:
-        block = crafted.Fenced(nbytes)
+        block = Fenced(nbytes)
         _KEEP.append(block)
     return (ctypes.c_char * block.nbytes).from_address(block.start), block
 
@@ -408,7 +410,7 @@ def run_interface(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_in_buffer(
-    t: tb.Tensor, block: crafted.Fenced, memory: _Memory | None, strides: list[int]
+    t: tb.Tensor, block: Fenced, memory: _Memory | None, strides: list[int]
 ) -> str | None:
     """A buffer-backed import is bounds-checked: its elements lie inside the buffer, and read
     correctly."""

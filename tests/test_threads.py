@@ -23,6 +23,7 @@ import pytest
 from tests.soak import crafted
 
 import tensorbridge as tb
+from tensorbridge import testing
 
 pytestmark = pytest.mark.subprocess
 
@@ -60,7 +61,9 @@ def _bases(owners: dict[str, Any]) -> list[tb.Tensor]:
     """One tensor per kind of storage owner: own allocation, held buffer, NumPy capsule, crafted
     capsule."""
     block = owners["block"]
-    managed = crafted.Managed(ctypes.addressof(block), (N,), (1,), dtype=(0, 64, 1), keep=block)
+    managed = testing.CraftedDLPack(
+        (), data=ctypes.addressof(block), shape=(N,), strides=(1,), dtype=(0, 64, 1), keep=block
+    )
     return [
         tb.arange(N),
         tb.frombuffer(owners["buffer"], dtype=tb.int64),
@@ -149,7 +152,7 @@ def run_workers() -> dict[str, Any]:
         **counter.counts(),
         "registry": counter.registry(),
         "refs": {name: sys.getrefcount(obj) - refs_before[name] for name, obj in owners.items()},
-        "crafted": crafted.stats(),
+        "crafted": testing.stats(),
     }
 
 
@@ -285,8 +288,13 @@ def drop_on_native_threads(count: int) -> dict[str, Any]:
     block = (ctypes.c_float * 16)(*range(16))
     records = []
     for i in range(count):
-        record = crafted.Managed(
-            ctypes.addressof(block), (16,), (1,), keep=block, versioned=i % 2 == 0
+        record = testing.CraftedDLPack(
+            (),
+            data=ctypes.addressof(block),
+            shape=(16,),
+            strides=(1,),
+            keep=block,
+            versioned=i % 2 == 0,
         )
         records.append(record)
         kind = i % 3
@@ -305,7 +313,7 @@ def drop_on_native_threads(count: int) -> dict[str, Any]:
         "native": len(set(_NATIVE_IDS) - {threading.get_native_id()}),
         **counter.counts(),
         "registry": counter.registry(),
-        "crafted": crafted.stats(),
+        "crafted": testing.stats(),
     }
 
 

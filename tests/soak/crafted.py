@@ -1,275 +1,31 @@
-"""A hostile DLPack producer made of ctypes, for the safety tests (soak, threads, hostile, faults).
+"""Soak-specific tools for the safety tests (soak, threads, hostile, faults).
 
-Every managed tensor is written field by field with tensorbridge's own ctypes mirrors
-(`_dlpack_abi`) and wrapped in a capsule with `_capi.PyCapsule_New`, so a test can set any field to
-any value: version, flags, ndim, shape, strides, dtype, device, byte_offset, NULL pointers, names.
-Two things make misbehaviour visible:
+* `ExportCounter` counts tensorbridge's own capsule exports and releases, on whatever thread they
+  happen.
+* `isolated` runs a test in a forked child, so that a crash fails that test alone.
 
-* Counting. Each `Managed` counts the calls of its deleter (`deleter_calls`); `Managed.live` holds
-  the ones whose deleter has not run yet, and `stats()` sums everything up. The capsule destructor
-  behaves like NumPy's: it calls the deleter only while the capsule still has its unused name.
-* Fences. `Fenced` memory sits between two ``PROT_NONE`` pages, so reading or writing a single byte
-  outside it kills the process with SIGSEGV instead of passing unnoticed. Shape and strides arrays
-  can be fenced (an over-read of ``ndim`` entries crashes), and so can data. Tests that may crash
-  run in a child process.
-
-Nothing here imports NumPy or PyTorch, nor pytest outside `isolated` (which runs a test in a forked
-child): child interpreters import this module by name.
+The crafted DLPack producer and fenced memory these tests feed tensorbridge are in
+`tensorbridge.testing` (`CraftedDLPack`, `Fenced`, `stats`). Nothing here imports NumPy or PyTorch,
+nor pytest outside `isolated`: child interpreters import this module by name.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import gc
 import itertools
-import mmap
 import os
 import pickle
 import signal
-import sys
-import threading
 import traceback
 import types
 import warnings
-import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any
 
-from tensorbridge import _capi, _dlpack, _exports
-from tensorbridge import _dlpack_abi as abi
+from tensorbridge import _dlpack, _exports
 
-__all__ = ["PAGE", "ExportCounter", "Fenced", "Managed", "capsule_name", "isolated", "stats"]
-
-PAGE = mmap.PAGESIZE
-
-# Private prototypes (never the shared ctypes.pythonapi attributes). The destructor gets a raw
-# PyObject* of a capsule being deallocated: it must not become a Python object again, so these take
-# void*.
-_name_of_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
-    ("PyCapsule_GetName", ctypes.pythonapi)
-)
-_pointer_of_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi)
-)
-_CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-# A private handle on libc, so setting restype/argtypes here touches nobody else's prototypes.
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-)
-_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-_libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_PROT_NONE, _PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-class Fenced:
-    """``nbytes`` of zeroed read-write memory between two inaccessible pages.
-
-    ``at_end=True`` puts the last usable byte right before the trailing fence (an over-read past the
-    end faults); ``at_end=False`` puts the first right after the leading fence (an under-read
-    faults).
-    """
-
-    def __init__(self, nbytes: int, *, at_end: bool = True) -> None:
-        body = -(-max(nbytes, 1) // PAGE) * PAGE
-        self._size = body + 2 * PAGE
-        base = _libc.mmap(None, self._size, _PROT_RW, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-        if base in (None, _MAP_FAILED):
-            raise OSError(ctypes.get_errno(), "mmap failed")
-        self._base = base
-        _libc.mprotect(base, PAGE, _PROT_NONE)
-        _libc.mprotect(base + PAGE + body, PAGE, _PROT_NONE)
-        self.nbytes = nbytes
-        self.start = base + PAGE + (body - nbytes if at_end else 0)
-
-    def write(self, data: bytes, offset: int = 0) -> None:
-        """Copy ``data`` in at byte ``offset`` (checked against the usable range)."""
-        if offset < 0 or offset + len(data) > self.nbytes:
-            raise ValueError("write outside the fenced range")
-        ctypes.memmove(self.start + offset, data, len(data))
-
-    def read(self, offset: int = 0, nbytes: int | None = None) -> bytes:
-        """The bytes at ``offset`` (all the rest by default), checked against the usable range."""
-        nbytes = self.nbytes - offset if nbytes is None else nbytes
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
-            raise ValueError("read outside the fenced range")
-        return ctypes.string_at(self.start + offset, nbytes)
-
-    def __del__(self) -> None:
-        if not sys.is_finalizing() and getattr(self, "_base", None):
-            _libc.munmap(self._base, self._size)
-            self._base = None
-
-
-def _int64_array(values: Sequence[int], fence: bool) -> tuple[int, object]:
-    """The address of ``values`` as int64s (wrapped to 64 bits), and the object keeping them
-    alive."""
-    raw = (ctypes.c_int64 * max(len(values), 1))(*((v + 2**63) % 2**64 - 2**63 for v in values))
-    if not fence:
-        return ctypes.addressof(raw), raw
-    block = Fenced(8 * len(values))
-    if values:
-        block.write(bytes(raw)[: 8 * len(values)])
-    return block.start, block
-
-
-_LOCK = threading.Lock()
-_NAMES: dict[bytes, bytes] = {}  # capsules keep a pointer to their name: one interned copy per name
-
-
-class Managed:
-    """One crafted ``DLManagedTensor[Versioned]`` and a capsule holding it.
-
-    Args:
-        data: address of element memory (None for NULL); `Fenced` memory faults on overrun.
-        shape: the int64 shape array.
-        strides: the int64 strides array; None leaves the pointer NULL.
-        ndim: the ``ndim`` field (defaults to ``len(shape)``), independent of the arrays.
-        dtype: ``(code, bits, lanes)``.
-        versioned: write a ``DLManagedTensorVersioned`` (else the legacy struct).
-        version: the versioned struct's ``(major, minor)``.
-        flags: the versioned struct's flags.
-        device: ``(device_type, device_id)``.
-        byte_offset: the ``byte_offset`` field.
-        null_shape: leave the shape pointer NULL.
-        adjacent: put strides right after shape in one block (the NumPy layout).
-        fence: place shape and strides against an inaccessible page: reading past them faults.
-        deleter: set the deleter (else NULL).
-        name: capsule name (default ``dltensor_versioned`` / ``dltensor``).
-        destructor: give the capsule a NumPy-style destructor (else an unconsumed capsule leaks).
-        keep: objects that own ``data``, kept alive until the deleter runs.
-    """
-
-    # address -> (struct, arrays, keep): what a producer's manager_ctx would keep alive until the
-    # deleter.
-    live: ClassVar[dict[int, tuple[Any, ...]]] = {}
-    _records: ClassVar[weakref.WeakValueDictionary[int, Managed]] = weakref.WeakValueDictionary()
-    made: ClassVar[int] = 0
-    deleted: ClassVar[int] = 0
-    stray: ClassVar[int] = 0  # deleter calls for an address no live record had
-
-    def __init__(
-        self,
-        data: int | None,
-        shape: Sequence[int] = (),
-        strides: Sequence[int] | None = None,
-        *,
-        ndim: int | None = None,
-        dtype: tuple[int, int, int] = (abi.kDLFloat, 32, 1),
-        versioned: bool = True,
-        version: tuple[int, int] = (1, 3),
-        flags: int = 0,
-        device: tuple[int, int] = (1, 0),
-        byte_offset: int = 0,
-        null_shape: bool = False,
-        adjacent: bool = False,
-        fence: bool = False,
-        deleter: bool = True,
-        name: bytes | None = None,
-        destructor: bool = True,
-        keep: object = None,
-    ) -> None:
-        self.deleter_calls = 0
-        ndim = len(shape) if ndim is None else ndim
-        if adjacent and strides is not None:
-            both, self._arrays = _int64_array([*shape, *strides], fence)
-            shape_p, strides_p = both, both + 8 * len(shape)
-        else:
-            shape_p, shape_keep = _int64_array(shape, fence)
-            strides_p, strides_keep = (0, None) if strides is None else _int64_array(strides, fence)
-            self._arrays = (shape_keep, strides_keep)
-        managed = abi.DLManagedTensorVersioned() if versioned else abi.DLManagedTensor()
-        self.struct = managed
-        dl = managed.dl_tensor
-        dl.data = data
-        dl.device.device_type, dl.device.device_id = device
-        dl.ndim = ndim
-        dl.dtype.code, dl.dtype.bits, dl.dtype.lanes = dtype
-        dl.shape = ctypes.cast(None if null_shape else shape_p, ctypes.POINTER(ctypes.c_int64))
-        dl.strides = ctypes.cast(strides_p or None, ctypes.POINTER(ctypes.c_int64))
-        dl.byte_offset = byte_offset % 2**64
-        managed.deleter = _DELETER if deleter else abi.DLPackDeleter()
-        if versioned:
-            managed.version.major, managed.version.minor = version
-            managed.flags = flags % 2**64
-        self.address = ctypes.addressof(managed)
-        if name is None:
-            name = abi.DLTENSOR_VERSIONED if versioned else abi.DLTENSOR
-        name = _NAMES.setdefault(name, name)
-        with _LOCK:
-            Managed.made += 1
-            if deleter:
-                Managed.live[self.address] = (managed, self._arrays, keep, data)
-            Managed._records[self.address] = self
-        self.capsule: Any = _capi.PyCapsule_New(
-            self.address, name, _DESTRUCTOR_ADDRESS if destructor else None
-        )
-
-    def take(self) -> Any:
-        """The capsule, with this record's reference dropped (the caller's is then the only one)."""
-        capsule, self.capsule = self.capsule, None
-        return capsule
-
-
-@abi.DLPackDeleter
-def _deleter(address: int | None) -> None:
-    with _LOCK:
-        record = Managed._records.get(address or 0)
-        if record is not None:
-            record.deleter_calls += 1
-        if Managed.live.pop(address or 0, None) is None:
-            Managed.stray += 1  # a second call, or an address this module never handed out
-        else:
-            Managed.deleted += 1
-
-
-@_CapsuleDestructor
-def _destructor(capsule: int | None) -> None:
-    """NumPy's ``dlpack_capsule_deleter``: call the deleter only if nobody consumed the capsule."""
-    if sys.is_finalizing():
-        return
-    name_p = _name_of_raw(capsule)
-    if not name_p or ctypes.string_at(name_p).startswith(b"used_"):
-        return
-    address = _pointer_of_raw(capsule, name_p) or 0
-    entry = Managed.live.get(address)
-    if entry is not None:
-        entry[0].deleter(address)
-        return
-    record = Managed._records.get(address)
-    if record is None or record.struct.deleter:
-        _deleter(
-            address
-        )  # the deleter already ran: this is the double release a real producer would do
-
-
-_DELETER = _deleter
-_DESTRUCTOR_ADDRESS = ctypes.cast(_destructor, ctypes.c_void_p).value
-
-
-def capsule_name(capsule: Any) -> bytes:
-    """A capsule's current name (``used_*`` once a consumer took it)."""
-    return ctypes.string_at(_capi.PyCapsule_GetName(capsule))
-
-
-def stats() -> dict[str, int]:
-    """Totals: managed tensors made, deleter calls, calls for unknown addresses, still undeleted."""
-    with _LOCK:
-        return {
-            "made": Managed.made,
-            "deleted": Managed.deleted,
-            "stray": Managed.stray,
-            "live": len(Managed.live),
-        }
+__all__ = ["ExportCounter", "isolated"]
 
 
 class ExportCounter:

@@ -11,7 +11,7 @@ and reports:
 * tensorbridge's exported capsules, counted at creation, and its releases (the capsule deleter
   called by a consumer, or the reaper releasing an abandoned capsule), counted on whatever thread
   they happen;
-* the ctypes-crafted producer's made / deleted / stray deleter calls (`crafted.stats`);
+* the ctypes-crafted producer's made / deleted / stray deleter calls (`tensorbridge.testing.stats`);
 * the reference count of every long-lived exporter (a NumPy array, a PyTorch tensor, a bytearray,
   ...) and pyarrow's allocated bytes;
 * open file descriptors and mappings of the scenario's files.
@@ -228,17 +228,25 @@ def _crafted() -> tuple[Step, dict[str, Any]]:
     import ctypes
 
     import tensorbridge as tb
+    from tensorbridge import testing
 
     tensor = tb.arange(ELEMENTS, dtype=tb.float32)
 
     def step(i: int) -> None:
         block = (ctypes.c_float * ELEMENTS)(*([float(i)] * 16))
-        good = crafted.Managed(
-            ctypes.addressof(block), (64, 64), (64, 1), keep=block, versioned=i % 2 == 0
+        good = testing.CraftedDLPack(
+            (),
+            data=ctypes.addressof(block),
+            shape=(64, 64),
+            strides=(64, 1),
+            keep=block,
+            versioned=i % 2 == 0,
         )
         t = tb.from_dlpack(good.take())
         assert float(t[::2, 1:][0, 0]) == i
-        bad = crafted.Managed(ctypes.addressof(block), (4,), (1,), dtype=(2, 7, 1), keep=block)
+        bad = testing.CraftedDLPack(
+            (), data=ctypes.addressof(block), shape=(4,), strides=(1,), dtype=(2, 7, 1), keep=block
+        )
         try:
             tb.from_dlpack(bad.take())  # rejected: left unconsumed, so its destructor frees it
         except BufferError:
@@ -336,7 +344,7 @@ def _traced(filters: list[tracemalloc.Filter]) -> int:
 def _state(
     counts: crafted.ExportCounter, exporters: dict[str, Any], filters: list[tracemalloc.Filter]
 ) -> dict[str, Any]:
-    from tensorbridge import _exports
+    from tensorbridge import _exports, testing
 
     return {
         "traced": _traced(filters),
@@ -346,7 +354,7 @@ def _state(
         "maps": _mappings(),
         "registry": len(_exports._MANAGED) + len(_exports._PENDING),
         "exporters": _exporter_state(exporters),
-        "crafted": crafted.stats(),
+        "crafted": testing.stats(),
         **counts.counts(),
     }
 

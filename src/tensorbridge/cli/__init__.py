@@ -12,13 +12,9 @@ with the exit status the command had reached: the doctor's verdict, or 0 for ``b
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import sys
-from pathlib import Path
-from types import ModuleType
 
 __all__ = ["main"]
 
@@ -26,12 +22,12 @@ _COMMANDS = ("doctor", "bench")
 
 
 def _known_peers() -> tuple[str, ...]:
-    from ._doctor import PEERS
+    from .peers import PEERS
 
     return PEERS
 
 
-def _peer_list(text: str) -> tuple[str, ...]:
+def peer_list(text: str) -> tuple[str, ...]:
     """``"numpy,torch"`` -> ("numpy", "torch"); ``"none"`` or ``""`` -> () (no peer).
 
     Raises:
@@ -77,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--peers",
-        type=_peer_list,
+        type=peer_list,
         default=None,
         metavar="LIST",
         help="comma-separated libraries to use (numpy,torch,jax,pyarrow,cupy), or 'none' for the "
@@ -96,57 +92,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from . import _doctor
+    from . import doctor, render
 
     peers = args.peers
     if peers is None and os.environ.get("TB_DOCTOR_PEERS"):
         try:
-            peers = _peer_list(os.environ["TB_DOCTOR_PEERS"])
+            peers = peer_list(os.environ["TB_DOCTOR_PEERS"])
         except argparse.ArgumentTypeError as exc:
             parser.error(f"TB_DOCTOR_PEERS: {exc}")  # exits 2, as for a bad --peers
-    options = _doctor.Options(
+    options = doctor.Options(
         peers=peers, progress=args.progress or sys.stderr.isatty(), child_checks=not args.no_child
     )
-    report = _doctor.run(options)
+    report = doctor.run(options)
     status = 0 if report.ok else 1
-    text = json.dumps(report.to_json(), indent=2) + "\n" if args.json else _doctor.render(report)
+    text = json.dumps(report.to_json(), indent=2) + "\n" if args.json else render.render(report)
     _emit(text)  # a closed output keeps the verdict: the status does not depend on the reader
     return status
-
-
-def _benchmarks() -> ModuleType:
-    """The benchmarks: ``tensorbridge._benchmarks`` in a wheel, ``benchmarks/`` in a checkout."""
-    name = f"{__package__}._benchmarks"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-    root = Path(__file__).resolve().parents[2] / "benchmarks"
-    init = root / "__init__.py"
-    if not init.is_file():
-        msg = (
-            f"bench: the benchmark scripts are missing (looked for {name} and {root}); "
-            f"reinstall tensorbridge from its wheel or run from a source checkout."
-        )
-        raise RuntimeError(msg)
-    spec = importlib.util.spec_from_file_location(
-        name, init, submodule_search_locations=[str(root)]
-    )
-    if spec is None or spec.loader is None:
-        msg = f"bench: cannot load the benchmark package at {root}"
-        raise RuntimeError(msg)
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[name] = package
-    spec.loader.exec_module(package)
-    return package
-
-
-def _bench(argv: list[str]) -> int:
-    package = _benchmarks()
-    harness = importlib.import_module(f"{package.__name__}._harness")
-    scripts = [importlib.import_module(f"{package.__name__}.{s}") for s in package.SCRIPTS]
-    return int(harness.main(argv, scripts, prog="python -m tensorbridge bench"))
 
 
 def _silence_stdout() -> None:
@@ -179,7 +140,9 @@ def _run(argv: list[str]) -> int:
         argv.insert(0, "doctor")  # no command, or the doctor's options: the default command
     if argv[0] == "bench":
         try:
-            return _bench(argv[1:])
+            from . import bench
+
+            return bench.run(argv[1:])
         except BrokenPipeError:  # bench has no verdict: the reader just stopped reading
             _silence_stdout()
             return 0

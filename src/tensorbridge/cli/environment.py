@@ -1,0 +1,98 @@
+"""Which array libraries are installed, found from their distribution metadata without importing
+any of them."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = ["Library", "find_libraries"]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    key: str
+    name: str
+    module: str
+    dists: tuple[str, ...]
+
+
+_SPECS: Final = (
+    _Spec("numpy", "NumPy", "numpy", ("numpy",)),
+    _Spec("torch", "PyTorch", "torch", ("torch",)),
+    _Spec("jax", "JAX", "jax", ("jax",)),
+    _Spec(
+        "cupy",
+        "CuPy",
+        "cupy",
+        ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy-rocm-6-0"),
+    ),
+    _Spec("tensorflow", "TensorFlow", "tensorflow", ("tensorflow", "tensorflow-cpu", "tf-nightly")),
+    _Spec("pyarrow", "pyarrow", "pyarrow", ("pyarrow",)),
+    _Spec("array_api_strict", "array-api-strict", "array_api_strict", ("array-api-strict",)),
+    _Spec("mlx", "MLX", "mlx", ("mlx",)),
+    _Spec("paddle", "Paddle", "paddle", ("paddlepaddle", "paddlepaddle-gpu")),
+    _Spec("numba", "Numba", "numba", ("numba",)),
+    _Spec("ml_dtypes", "ml_dtypes", "ml_dtypes", ("ml_dtypes",)),
+    _Spec("tvm_ffi", "TVM FFI", "tvm_ffi", ("apache-tvm-ffi",)),
+    _Spec("pydlpack", "pydlpack", "dlpack", ("pydlpack",)),
+    _Spec("ctypes_dlpack", "ctypes-dlpack", "ctypes_dlpack", ("ctypes-dlpack",)),
+)
+
+
+@dataclass
+class Library:
+    """One array library as the doctor found it.
+
+    Attributes:
+        key: short name used by ``--peers`` (``"torch"``).
+        name: display name (``"PyTorch"``).
+        module: import name.
+        distribution: the installed distribution, or None.
+        version: its version from the metadata, or None when not installed.
+        status: ``"not installed"``, ``"installed"`` (found, not used), ``"used"``, or
+            ``"import failed"``.
+        devices: devices seen after importing it (only for the libraries used).
+        error: why the import failed, or why it is not used.
+    """
+
+    key: str
+    name: str
+    module: str
+    distribution: str | None = None
+    version: str | None = None
+    status: str = "not installed"
+    devices: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def _version(spec: _Spec) -> tuple[str | None, str | None]:
+    for dist in spec.dists:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    try:  # installed without metadata (a source tree on sys.path) or under another name
+        found = importlib.util.find_spec(spec.module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return None, None
+    dists = importlib.metadata.packages_distributions().get(spec.module, [])
+    for dist in dists:
+        return dist, importlib.metadata.version(dist)
+    return None, "unknown"
+
+
+def find_libraries() -> list[Library]:
+    """Every library the doctor knows, with its installed version; imports nothing."""
+    found = []
+    for spec in _SPECS:
+        dist, version = _version(spec)
+        lib = Library(spec.key, spec.name, spec.module, dist, version)
+        if version is not None:
+            lib.status = "installed"
+        found.append(lib)
+    return found
