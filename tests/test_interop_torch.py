@@ -270,11 +270,12 @@ def test_torch_round_trip_keeps_pointer_and_shares_writes():
 
 
 def test_read_only_tensor_reaches_torch_versioned():
-    """A read-only tensor exports versioned with READ_ONLY; torch ignores the flag (F4)."""
+    """A read-only tensor exports versioned with READ_ONLY; torch 2.13 ignores the flag."""
     np = pytest.importorskip("numpy")
     a = np.arange(3.0)
     a.flags.writeable = False
-    t = tb.from_dlpack(a)
+    t = tb.asarray(a)  # NumPy < 2.1 refuses read-only DLPack exports; asarray reads it another way
+    assert t.is_readonly
     x = torch.from_dlpack(t)
     assert x.data_ptr() == t.data_ptr()
     assert x.tolist() == [0.0, 1.0, 2.0]

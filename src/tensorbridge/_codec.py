@@ -92,6 +92,9 @@ _imag_part: Final = attrgetter("imag")
 # --------------------------------------------------------------------------------------------
 
 
+_NUMPY_BOOL_NAMES: Final = frozenset({"bool_", "bool"})
+
+
 def _as_number(value: object) -> Number:
     """A built-in number for `value`: itself, or its ``__index__``/``__float__``/``__complex__``."""
     if isinstance(value, (int, float, complex)):  # bool is an int
@@ -105,6 +108,10 @@ def _as_number(value: object) -> Number:
         return float(value)
     if isinstance(value, numbers.Complex):
         return complex(value)
+    if type(value).__name__ in _NUMPY_BOOL_NAMES and type(value).__module__ == "numpy":
+        # NumPy's bool scalar is no numbers.Integral, and its __index__ warns (NumPy 1.x) or
+        # raises (NumPy 2): it is a bool.
+        return bool(value)
     converters: tuple[tuple[type, Callable[[Any], Number]], ...] = (
         (SupportsIndex, operator.index),
         (SupportsFloat, float),
@@ -247,9 +254,11 @@ class _IntCodec(_Codec):
 
     def encode(self, values: list[Any] | tuple[Any, ...]) -> bytes:
         try:
-            # Exact when every value is an int in range; floats and overflow raise.
+            # Exact when every value is an int in range; floats and overflow raise. NumPy 1.x's
+            # bool scalars warn as they are read as indices: with warnings as errors, they take
+            # the slow path too.
             return array(self._fmt, values).tobytes()
-        except (TypeError, OverflowError):
+        except (TypeError, OverflowError, DeprecationWarning):
             return array(self._fmt, map(self._wrap, values)).tobytes()
 
     def _wrap(self, value: object) -> int:
