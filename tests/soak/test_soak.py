@@ -346,10 +346,12 @@ def _state(
 ) -> dict[str, Any]:
     from tensorbridge import _exports, testing
 
+    # Blocks and RSS first: the traced-memory snapshot makes (and frees) objects of its own.
+    blocks, rss = sys.getallocatedblocks(), _rss()
     return {
         "traced": _traced(filters),
-        "blocks": sys.getallocatedblocks(),
-        "rss": _rss(),
+        "blocks": blocks,
+        "rss": rss,
         "fds": _descriptors(),
         "maps": _mappings(),
         "registry": len(_exports._MANAGED) + len(_exports._PENDING),

@@ -147,7 +147,11 @@ def _run(argv: list[str]) -> int:
             _silence_stdout()
             return 0
     parser = _parser()
-    args = parser.parse_args(argv)  # an unknown command: argparse's "invalid choice", status 2
+    try:
+        args = parser.parse_args(argv)  # an unknown command: argparse's "invalid choice", status 2
+    except BrokenPipeError:  # --help written to a reader that stopped reading (Python 3.10)
+        _silence_stdout()
+        return 0
     return _doctor(parser, args)
 
 
