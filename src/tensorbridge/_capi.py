@@ -1,7 +1,7 @@
 """The only user of ``ctypes.pythonapi``: private prototypes for the C-API calls tensorbridge needs.
 
 ``ctypes.pythonapi.X.restype``/``argtypes`` are shared by every library in the process, so they are never
-touched here (dlpack.md §12.1). Each function is bound through its own ``PYFUNCTYPE`` prototype, which holds
+touched here (another package that sets them would break every caller that relies on them). Each function is bound through its own ``PYFUNCTYPE`` prototype, which holds
 the GIL and turns a set Python error into an exception.
 """
 
@@ -22,6 +22,7 @@ __all__ = [
     "PyCapsule_SetName",
     "PyObject_GetBuffer",
     "Py_buffer",
+    "keep_forever",
     "steal",
 ]
 
@@ -109,3 +110,15 @@ def steal(address: int) -> object:
     obj = ctypes.cast(address, ctypes.py_object).value
     Py_DecRef(address)
     return obj
+
+
+_Py_IncRef: Final = _bind("Py_IncRef", None, _py)
+
+
+def keep_forever(obj: object) -> None:
+    """Add a reference to ``obj`` that is never dropped, so that it outlives its module.
+
+    For the ctypes callbacks tensorbridge hands to C code (the DLPack deleter): a consumer may call
+    one after tensorbridge's modules have been cleared at exit, and freed callback code would crash.
+    """
+    _Py_IncRef(obj)

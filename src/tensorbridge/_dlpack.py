@@ -906,6 +906,8 @@ def _deleter(
 
 
 _DELETER_ADDRESS: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
+# Consumers keep the address and may call it after this module's globals are cleared at exit.
+_capi.keep_forever(_deleter)
 
 
 def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:

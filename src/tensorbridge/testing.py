@@ -407,6 +407,12 @@ def _destructor(
 _DELETER_ADDRESS: Final = ctypes.cast(_deleter, _vp).value
 _DESTRUCTOR_ADDRESS: Final = ctypes.cast(_destructor, _vp).value
 
+# Capsules and managed structs that outlive this module (held by a consumer, or garbage collected
+# after the module's globals are cleared at exit) still point at these two callbacks: one reference
+# that is never dropped keeps their code alive until the process ends.
+_capi.keep_forever(_deleter)
+_capi.keep_forever(_destructor)
+
 
 def stats() -> dict[str, int]:
     """Totals over every `CraftedDLPack`: ``made``, ``deleted`` (deleter calls), ``stray`` (calls
