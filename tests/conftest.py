@@ -21,13 +21,20 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-def run_in_subprocess(code: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter, so that a crash fails the test instead of killing the run."""
+def run_in_subprocess(
+    code: str, timeout: float = 120.0, env: dict[str, str] | None = None, cwd: object = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter, so that a crash fails the test instead of killing the run.
+
+    ``env`` adds to (or overrides) this process's environment.
+    """
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+        cwd=cwd,
         check=False,
     )
 

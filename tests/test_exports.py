@@ -9,14 +9,13 @@ another tensor's values, or faults. They check the values every view reads, not 
 from __future__ import annotations
 
 import gc
-import os
 import pickle
 import subprocess
-import sys
 import textwrap
 import threading
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,37 +25,34 @@ from tensorbridge import _exports
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_child(code: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONFAULTHANDLER": "1"}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=_ROOT,
-        env=env,
-        check=False,
-    )
+# Switch threads and collect (and so reap) as often as possible: every interleaving of export,
+# release and reap gets its chance.
+_STRESS_PRELUDE = """
+import gc, sys, threading
+import numpy as np
+import tensorbridge as tb
+
+sys.setswitchinterval(1e-6)
+gc.set_threshold(50, 5, 5)
+ROUNDS, KEEP = 4000, 40
+stop = threading.Event()
+bad = []
+"""
+
+
+def _run_child(subprocess_run: Any, code: str) -> subprocess.CompletedProcess[str]:
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONFAULTHANDLER": "1"}
+    return subprocess_run(_STRESS_PRELUDE + textwrap.dedent(code), 240.0, env, _ROOT)  # type: ignore[no-any-return]
 
 
 @pytest.mark.subprocess
-def test_memoryview_slices_keep_their_memory_under_threads_and_gc() -> None:
+def test_memoryview_slices_keep_their_memory_under_threads_and_gc(subprocess_run: Any) -> None:
     """Slices of dropped memoryviews, read through NumPy, keep their values while other threads
     export, drop and collect."""
     pytest.importorskip("numpy")
     proc = _run_child(
+        subprocess_run,
         """
-        import gc, sys, threading
-        import numpy as np
-        import tensorbridge as tb
-
-        # Switch threads and collect (and so reap) as often as possible: every interleaving of
-        # export, release and reap gets its chance.
-        sys.setswitchinterval(1e-6)
-        gc.set_threshold(50, 5, 5)
-        ROUNDS, KEEP = 4000, 40
-        stop = threading.Event()
-        bad = []
 
         def slicer(seed):
             kept = []
@@ -97,7 +93,7 @@ def test_memoryview_slices_keep_their_memory_under_threads_and_gc() -> None:
         gc.collect()
         from tensorbridge import _exports
         print(len(bad), bad[:3], _exports.counts()["views"])
-        """
+        """,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split(maxsplit=1)[0] == "0", proc.stdout
@@ -105,23 +101,13 @@ def test_memoryview_slices_keep_their_memory_under_threads_and_gc() -> None:
 
 
 @pytest.mark.subprocess
-def test_dlpack_exports_keep_their_memory_under_threads_and_gc() -> None:
+def test_dlpack_exports_keep_their_memory_under_threads_and_gc(subprocess_run: Any) -> None:
     """Capsules consumed by NumPy, consumed by tensorbridge or abandoned, from several threads
     with collections running, keep every imported view's values; the registry drains."""
     pytest.importorskip("numpy")
     proc = _run_child(
+        subprocess_run,
         """
-        import gc, sys, threading
-        import numpy as np
-        import tensorbridge as tb
-
-        # Switch threads and collect (and so reap) as often as possible: every interleaving of
-        # export, release and reap gets its chance.
-        sys.setswitchinterval(1e-6)
-        gc.set_threshold(50, 5, 5)
-        ROUNDS, KEEP = 4000, 40
-        stop = threading.Event()
-        bad = []
 
         def exporter(seed):
             kept = []
@@ -166,7 +152,7 @@ def test_dlpack_exports_keep_their_memory_under_threads_and_gc() -> None:
         from tensorbridge import _exports
         counts = _exports.counts()
         print(len(bad), counts["managed"], counts["pending"])
-        """
+        """,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split() == ["0", "0", "0"], proc.stdout
