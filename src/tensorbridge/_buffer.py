@@ -25,18 +25,18 @@ import atexit
 import contextlib
 import ctypes
 import functools
-import operator
 import pickle
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
 from . import _capi, _exports
+from ._args import GRAD_MSG_CREATE, as_bool, as_int
 from ._device import CPU
 from ._dtype import ALL_DTYPES, BY_NAME, DType, as_dtype
 from ._interfaces import array_interface
 from ._layout import contiguous_strides, extent
 from ._storage import BufferStorage, Storage, allocate, hold_buffer
-from ._tensor import GRAD_MSG_CREATE, Tensor
+from ._tensor import Tensor
 
 if TYPE_CHECKING:
     from multiprocessing.shared_memory import SharedMemory
@@ -99,11 +99,11 @@ def frombuffer(
     if dtype.__class__ is not DType:
         dtype = as_dtype(dtype, "frombuffer")
     if count.__class__ is not int:
-        count = _as_int(count, "frombuffer", "count")
+        count = as_int(count, "frombuffer", "count", argument=True)
     if offset.__class__ is not int:
-        offset = _as_int(offset, "frombuffer", "offset")
+        offset = as_int(offset, "frombuffer", "offset", argument=True)
     if requires_grad is not False:
-        requires_grad = _as_bool(requires_grad, "frombuffer", "requires_grad")
+        requires_grad = as_bool(requires_grad, "frombuffer", "requires_grad")
     storage = _acquire(buffer, "frombuffer")
     itemsize = dtype.itemsize
     try:
@@ -119,22 +119,6 @@ def frombuffer(
     storage.ptr += offset
     storage.nbytes = numel * itemsize
     return _make(storage, 0, (numel,), (1,), dtype, requires_grad)
-
-
-def _as_int(value: Any, api: str, name: str) -> int:
-    """An int argument as PyTorch's parser takes it: ints and ``__index__`` objects, not bool."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        msg = f"{api}(): argument '{name}' must be int, not {type(value).__name__}; got {value!r}."
-        raise TypeError(msg)
-    return operator.index(value)
-
-
-def _as_bool(value: object, api: str, name: str) -> bool:
-    """A bool argument, as PyTorch's parser takes it: exactly True or False."""
-    if value.__class__ is not bool:
-        msg = f"{api}(): argument '{name}' must be bool, not {type(value).__name__}; got {value!r}."
-        raise TypeError(msg)
-    return value is True
 
 
 def _acquire(obj: Any, api: str) -> BufferStorage:

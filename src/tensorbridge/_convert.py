@@ -33,10 +33,10 @@ import numbers
 from typing import Any, Final
 
 from . import _capi, _creation, _dlpack, _interfaces, _layout
+from ._args import as_copy, as_int
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype, from_format
 from ._errors import short_repr
-from ._layout import _as_int
 from ._storage import hold_buffer
 from ._tensor import Tensor
 
@@ -406,7 +406,7 @@ def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, a
         dtype = as_dtype(dtype, api)
     want = None if device is None else as_device(device, api)
     if copy is not None:
-        copy = _dlpack._as_copy(copy, api)
+        copy = as_copy(copy, api)
     path, found = _dispatch(obj)
     if path == _TENSOR:
         t, copied = obj, False
@@ -433,7 +433,7 @@ def _strides_arg(strides: Any, shape: tuple[int, ...], api: str) -> tuple[int, .
             f"{api}(): strides must be a sequence of ints (in elements); got {short_repr(strides)}."
         )
         raise TypeError(msg)
-    out = tuple(_as_int(s, api, "each stride") for s in strides)
+    out = tuple(as_int(s, api, "each stride") for s in strides)
     if len(out) != len(shape):
         msg = (
             f"{api}(): got {len(out)} strides for {len(shape)} dimensions; strides {list(out)}, "
@@ -486,7 +486,7 @@ def from_pointer(
                 [3, 4]], dtype=tensorbridge.int32)
     """
     api = "from_pointer"
-    address = _as_int(ptr, api, "ptr")
+    address = as_int(ptr, api, "ptr")
     if address < 0:
         msg = f"{api}(): ptr must be a non-negative address; got {address}."
         raise ValueError(msg)
@@ -494,7 +494,7 @@ def from_pointer(
     dt = as_dtype(dtype, api)
     element_strides = _strides_arg(strides, dims, api)
     dev = as_device(device, api)
-    extent = None if nbytes is None else _as_int(nbytes, api, "nbytes")
+    extent = None if nbytes is None else as_int(nbytes, api, "nbytes")
     if extent is not None and extent < 0:
         msg = f"{api}(): nbytes must be non-negative; got {extent}."
         raise ValueError(msg)

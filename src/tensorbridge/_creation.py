@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from . import _codec, _dtype, _layout
+from ._args import GRAD_MSG_CREATE
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
 from ._errors import short_repr
 from ._storage import allocate
-from ._tensor import GRAD_MSG_CREATE, Tensor, _from_bytes
+from ._tensor import Tensor, _from_bytes
 
 __all__ = [
     "arange",

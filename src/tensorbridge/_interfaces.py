@@ -30,10 +30,10 @@ import sys
 from typing import Any, Final, NamedTuple
 
 from . import _capi, _cuda, _dlpack, _dtype, _layout
+from ._args import as_int
 from ._device import CPU, Device
 from ._dtype import BY_TYPESTR, DType
 from ._errors import short_repr
-from ._layout import _as_int
 from ._storage import ADDRESS_LIMIT, Storage, hold_buffer
 from ._tensor import Tensor, _from_bytes
 
@@ -120,10 +120,10 @@ def wrap_memory(
 
 
 def _ints(values: tuple[object, ...] | list[object], api: str, what: str) -> tuple[int, ...]:
-    """A tuple of ints; plain ints take a fast path (``_as_int``'s protocol check costs microseconds)."""
+    """A tuple of ints; plain ints take a fast path (``as_int``'s protocol check costs microseconds)."""
     if all(type(v) is int for v in values):
         return tuple(values)  # type: ignore[arg-type]
-    return tuple(_as_int(v, api, what) for v in values)
+    return tuple(as_int(v, api, what) for v in values)
 
 
 # ------------------------------------------------------------------------ __(cuda_)array_interface__ import
@@ -259,7 +259,7 @@ def _data_pointer(data: object, api: str, name: str) -> tuple[int, bool]:
             f"({type(data).__name__})."
         )
         raise TypeError(msg)
-    ptr = data[0] if type(data[0]) is int else _as_int(data[0], api, f"the {name} data pointer")
+    ptr = data[0] if type(data[0]) is int else as_int(data[0], api, f"the {name} data pointer")
     if ptr < 0:
         msg = f"{api}(): {name} data pointer must be non-negative; got {ptr}."
         raise ValueError(msg)
@@ -293,7 +293,7 @@ def import_array_interface(obj: object, iface: object, api: str) -> Tensor:
             api=api,
         )
     held, view = _hold_data_buffer(obj if data is None else data, api, name)
-    offset = _as_int(iface.get("offset", 0), api, f"{name} offset")
+    offset = as_int(iface.get("offset", 0), api, f"{name} offset")
     if not 0 <= offset <= view.len:
         msg = f"{api}(): {name} offset {offset} lies outside the data buffer of {view.len} bytes."
         raise ValueError(msg)
@@ -369,7 +369,7 @@ def _cai_stream(stream: object, api: str) -> int | None:
     """Validate the v3 ``stream`` entry: None, 1 (legacy default), 2 (per-thread default) or a handle."""
     if stream is None:
         return None
-    value = _as_int(stream, api, "__cuda_array_interface__ stream")
+    value = as_int(stream, api, "__cuda_array_interface__ stream")
     if value <= 0:
         # CUDA Array Interface v3: "0 is disallowed due to its ambiguity between None and 1".
         msg = (
