@@ -296,27 +296,6 @@ def _import(
     return _from_buffer(obj, api), False
 
 
-# PyTorch's ScalarType names, which its alias errors print (compat.md §5).
-_TORCH_NAMES: Final = {
-    "bool": "Bool",
-    "uint8": "Byte",
-    "int8": "Char",
-    "int16": "Short",
-    "int32": "Int",
-    "int64": "Long",
-    "float16": "Half",
-    "bfloat16": "BFloat16",
-    "float32": "Float",
-    "float64": "Double",
-    "complex32": "ComplexHalf",
-    "complex64": "ComplexFloat",
-    "complex128": "ComplexDouble",
-    "uint16": "UInt16",
-    "uint32": "UInt32",
-    "uint64": "UInt64",
-}
-
-
 def _same_device(have: Device, want: Device) -> bool:
     """``cuda`` without an index matches any CUDA device, as a request for "the current one"."""
     return have.type == want.type and (want.index is None or want.index == (have.index or 0))
@@ -344,7 +323,7 @@ def _finish(
         t, copied = t.to(device), True
     if dtype is not None and dtype is not t.dtype:
         if copy is False:
-            have, want = (_TORCH_NAMES.get(d.name, d.name) for d in (t.dtype, dtype))
+            have, want = (d.torch_name or d.name for d in (t.dtype, dtype))
             msg = (
                 f"{api}(): can't alias tensor with dtype '{have}' into dtype '{want}'. "
                 f"Pass copy=None or copy=True to allow a converting copy."
