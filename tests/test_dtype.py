@@ -6,6 +6,7 @@ import copy
 import ctypes
 import pickle
 import struct
+from typing import Any
 
 import pytest
 
@@ -240,14 +241,14 @@ def _arrow_format(arrow_type: object) -> bytes:
 
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
-def test_every_foreign_encoding_is_a_field_of_the_dtype_list():
+def test_every_foreign_encoding_is_a_field_of_the_dtype_list() -> None:
     """Each dtype's Arrow, PyTorch, ml_dtypes, buffer and typestr encodings match the peers and invert."""
     np = pytest.importorskip("numpy")
     pa = pytest.importorskip("pyarrow")
     ml_dtypes = pytest.importorskip("ml_dtypes")
     torch = pytest.importorskip("torch")
-    arrow_types = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16())
-    arrow_types += (pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64())
+    arrow_types = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16()]
+    arrow_types += [pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64()]
     # Every fixed-width primitive Arrow type tensorbridge imports maps back to its own dtype.
     assert sorted(_arrow_format(a) for a in arrow_types) == sorted(_dtype.BY_ARROW_FORMAT)
     for dtype in ALL_DTYPES:
@@ -263,11 +264,11 @@ def test_every_foreign_encoding_is_a_field_of_the_dtype_list():
         if dtype.ml_dtypes is not None:
             assert np.dtype(getattr(ml_dtypes, dtype.ml_dtypes)).itemsize == dtype.itemsize
         # The raw-bits encodings are the unsigned integer of the same size (NumPy has no u16).
-        if dtype.itemsize <= 8:
+        if dtype.raw_typestr is not None:
             assert BY_TYPESTR[dtype.raw_typestr[1:]].kind == "u"
             assert np.dtype(dtype.raw_typestr) == np.dtype(f"u{dtype.itemsize}")
         else:
-            assert dtype.raw_typestr is None
+            assert dtype.itemsize == 16  # complex128: no unsigned integer of its size
         if dtype.format is None:
             raw = from_format(dtype.buffer_format.decode())
             assert raw is not None and raw.kind == "u" and raw.itemsize == dtype.itemsize
@@ -276,7 +277,7 @@ def test_every_foreign_encoding_is_a_field_of_the_dtype_list():
         assert (dtype.c_type is None) == (dtype.kind == "b" or dtype is tb.float4_e2m1fn_x2)
 
 
-def test_promote_types_equals_torch(torch):
+def test_promote_types_equals_torch(torch: Any) -> None:
     """promote_types gives torch.promote_types' result for every pair PyTorch promotes."""
     shared = [d for d in ALL_DTYPES if hasattr(torch, d.name)]
     for a in shared:
