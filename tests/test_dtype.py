@@ -6,6 +6,7 @@ import copy
 import ctypes
 import pickle
 import struct
+from typing import Any
 
 import pytest
 
@@ -224,3 +225,67 @@ def test_all_dtypes_are_exported():
         < _dtype.result_kind_order(tb.float16)
         < _dtype.result_kind_order(tb.complex64)
     )
+
+
+def _arrow_format(arrow_type: object) -> bytes:
+    """The format string pyarrow writes into the Arrow C schema it exports for ``arrow_type``."""
+    from tensorbridge._interfaces import ArrowSchema
+
+    capsule = arrow_type.__arrow_c_schema__()  # type: ignore[attr-defined]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    schema = ArrowSchema.from_address(get_pointer(capsule, b"arrow_schema"))
+    fmt = bytes(schema.format)
+    del capsule  # releases the schema, after its format was copied out
+    return fmt
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_every_foreign_encoding_is_a_field_of_the_dtype_list() -> None:
+    """Each dtype's Arrow, PyTorch, ml_dtypes, buffer and typestr encodings match the peers and invert."""
+    np = pytest.importorskip("numpy")
+    pa = pytest.importorskip("pyarrow")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    torch = pytest.importorskip("torch")
+    arrow_types = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16()]
+    arrow_types += [pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64()]
+    # Every fixed-width primitive Arrow type tensorbridge imports maps back to its own dtype.
+    assert sorted(_arrow_format(a) for a in arrow_types) == sorted(_dtype.BY_ARROW_FORMAT)
+    for dtype in ALL_DTYPES:
+        if dtype.arrow is not None:
+            assert _dtype.BY_ARROW_FORMAT[dtype.arrow] is dtype
+            assert _arrow_format(pa.from_numpy_dtype(np.dtype(dtype.typestr))) == dtype.arrow
+        if dtype.torch_name is not None:
+            # PyTorch's legacy tensor type names are its ScalarType names: torch.LongTensor.
+            legacy = torch.empty(0, dtype=getattr(torch, dtype.name)).type()
+            assert legacy == f"torch.{dtype.torch_name}Tensor"
+        # ml_dtypes names exactly the dtypes NumPy lacks but packed float4, with the same size.
+        assert (dtype.ml_dtypes is not None) == (dtype.typestr is None and dtype.dlpack[2] == 1)
+        if dtype.ml_dtypes is not None:
+            assert np.dtype(getattr(ml_dtypes, dtype.ml_dtypes)).itemsize == dtype.itemsize
+        # The raw-bits encodings are the unsigned integer of the same size (NumPy has no u16).
+        if dtype.raw_typestr is not None:
+            assert BY_TYPESTR[dtype.raw_typestr[1:]].kind == "u"
+            assert np.dtype(dtype.raw_typestr) == np.dtype(f"u{dtype.itemsize}")
+        else:
+            assert dtype.itemsize == 16  # complex128: no unsigned integer of its size
+        if dtype.format is None:
+            raw = from_format(dtype.buffer_format.decode())
+            assert raw is not None and raw.kind == "u" and raw.itemsize == dtype.itemsize
+        else:
+            assert dtype.buffer_format == dtype.format.encode()
+        assert (dtype.c_type is None) == (dtype.kind == "b" or dtype is tb.float4_e2m1fn_x2)
+
+
+def test_promote_types_equals_torch(torch: Any) -> None:
+    """promote_types gives torch.promote_types' result for every pair PyTorch promotes."""
+    shared = [d for d in ALL_DTYPES if hasattr(torch, d.name)]
+    for a in shared:
+        for b in shared:
+            try:
+                want = torch.promote_types(getattr(torch, a.name), getattr(torch, b.name))
+            except RuntimeError:
+                with pytest.raises(TypeError, match=r"Promotion for .* is not supported"):
+                    _dtype.promote_types(a, b, "f")
+            else:
+                assert _dtype.promote_types(a, b, "f").name == str(want).removeprefix("torch.")

@@ -25,18 +25,18 @@ import atexit
 import contextlib
 import ctypes
 import functools
-import operator
 import pickle
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
 from . import _capi, _exports
+from ._args import GRAD_MSG_CREATE, as_bool, as_int
 from ._device import CPU
-from ._dtype import ALL_DTYPES, BY_NAME, DType, as_dtype
+from ._dtype import BY_NAME, DType, as_dtype, uint8
 from ._interfaces import array_interface
 from ._layout import contiguous_strides, extent
 from ._storage import BufferStorage, Storage, allocate, hold_buffer
-from ._tensor import GRAD_MSG_CREATE, Tensor
+from ._tensor import Tensor
 
 if TYPE_CHECKING:
     from multiprocessing.shared_memory import SharedMemory
@@ -99,11 +99,11 @@ def frombuffer(
     if dtype.__class__ is not DType:
         dtype = as_dtype(dtype, "frombuffer")
     if count.__class__ is not int:
-        count = _as_int(count, "frombuffer", "count")
+        count = as_int(count, "frombuffer", "count", argument=True)
     if offset.__class__ is not int:
-        offset = _as_int(offset, "frombuffer", "offset")
+        offset = as_int(offset, "frombuffer", "offset", argument=True)
     if requires_grad is not False:
-        requires_grad = _as_bool(requires_grad, "frombuffer", "requires_grad")
+        requires_grad = as_bool(requires_grad, "frombuffer", "requires_grad")
     storage = _acquire(buffer, "frombuffer")
     itemsize = dtype.itemsize
     try:
@@ -119,22 +119,6 @@ def frombuffer(
     storage.ptr += offset
     storage.nbytes = numel * itemsize
     return _make(storage, 0, (numel,), (1,), dtype, requires_grad)
-
-
-def _as_int(value: Any, api: str, name: str) -> int:
-    """An int argument as PyTorch's parser takes it: ints and ``__index__`` objects, not bool."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        msg = f"{api}(): argument '{name}' must be int, not {type(value).__name__}; got {value!r}."
-        raise TypeError(msg)
-    return operator.index(value)
-
-
-def _as_bool(value: object, api: str, name: str) -> bool:
-    """A bool argument, as PyTorch's parser takes it: exactly True or False."""
-    if value.__class__ is not bool:
-        msg = f"{api}(): argument '{name}' must be bool, not {type(value).__name__}; got {value!r}."
-        raise TypeError(msg)
-    return value is True
 
 
 def _acquire(obj: Any, api: str) -> BufferStorage:
@@ -203,15 +187,12 @@ def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
 # -------------------------------------------------------------------------------------------------
 # Export: memoryview (PEP 688)
 
-# Every format handed to PyMemoryView_FromBuffer is one of these module-level bytes objects: a
-# memoryview keeps only a pointer to the characters, so they must live as long as the interpreter.
-_FORMATS: Final[dict[DType, bytes]] = {
-    d: d.format.encode() for d in ALL_DTYPES if d.format is not None
-}
-# Dtypes without a PEP 3118 format (bfloat16, float8_*, float4_e2m1fn_x2, complex32) export their
-# raw bits as unsigned integers of the same size, to consumers that did not ask for the format.
-_RAW_FORMATS: Final[dict[int, bytes]] = {1: b"B", 2: b"H", 4: b"I", 8: b"Q"}
-_BYTE_FORMAT: Final = b"B"
+# Every format handed to PyMemoryView_FromBuffer is a dtype's ``buffer_format``: a memoryview keeps
+# only a pointer to the characters, and the interned dtypes keep those bytes objects alive as long
+# as the interpreter. Dtypes without a PEP 3118 format (bfloat16, float8_*, float4_e2m1fn_x2,
+# complex32) export their raw bits as unsigned integers of the same size, to consumers that did not
+# ask for the format.
+_BYTE_FORMAT: Final = uint8.buffer_format
 
 # PyMemoryView_FromBuffer refuses NULL: a view of zero bytes needs some valid address.
 _EMPTY: Final = ctypes.c_char()
@@ -299,16 +280,14 @@ def buffer_export(t: Tensor, flags: int) -> memoryview:
         )
         raise BufferError(msg)
     dtype = t._dtype
-    fmt = _FORMATS.get(dtype)
-    if fmt is None:
-        fmt = _RAW_FORMATS[dtype.itemsize]
-        if flags & _capi.PY_BUF_FORMAT:
-            msg = (
-                f"{api}(): the buffer protocol has no format for {dtype}, and this consumer "
-                f"asked for the element format. Use as_memoryview() for the raw bits (format "
-                f"{fmt.decode()!r}), or view the tensor as an integer dtype of the same size."
-            )
-            raise BufferError(msg)
+    fmt = dtype.buffer_format
+    if dtype.format is None and flags & _capi.PY_BUF_FORMAT:
+        msg = (
+            f"{api}(): the buffer protocol has no format for {dtype}, and this consumer "
+            f"asked for the element format. Use as_memoryview() for the raw bits (format "
+            f"{fmt.decode()!r}), or view the tensor as an integer dtype of the same size."
+        )
+        raise BufferError(msg)
     return _host_memoryview(
         t.data_ptr(),
         fmt,

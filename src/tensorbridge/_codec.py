@@ -68,14 +68,13 @@ from operator import attrgetter
 from typing import Any, Final, NamedTuple, SupportsComplex, SupportsFloat, SupportsIndex
 
 from . import _dtype
-from ._dtype import DType
+from ._dtype import BYTE_ORDER, DType
 
 __all__ = ["check_scalar", "convert", "pack", "unpack"]
 
 Number = bool | int | float | complex
 _Buffer = bytes | bytearray | memoryview
 
-_NATIVE: Final = sys.byteorder
 _INF: Final = math.inf
 _NAN: Final = math.nan
 # Ints up to this magnitude convert to float64 exactly, so a float32 made from the float64 is
@@ -193,13 +192,13 @@ def _to_bool(value: object) -> bool:
 
 def _lanes(value: int, count: int, width: int = 4) -> int:
     """A big int holding `count` native-order lanes of `width` bytes, each equal to `value`."""
-    return int.from_bytes(value.to_bytes(width, _NATIVE) * count, _NATIVE)
+    return int.from_bytes(value.to_bytes(width, BYTE_ORDER) * count, BYTE_ORDER)
 
 
 def _high_halves(lanes: bytes) -> memoryview:
     """The upper 16 bits of each native uint32 in `lanes`, as a strided 'H' view."""
     halves = memoryview(lanes).cast("H")
-    return halves[1::2] if _NATIVE == "little" else halves[0::2]
+    return halves[1::2] if BYTE_ORDER == "little" else halves[0::2]
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,14 +357,14 @@ class _BFloat16Codec(_NarrowFloatCodec):
     def decode(self, data: memoryview) -> list[Any]:
         raw = bytes(data)
         wide = bytearray(2 * len(raw))
-        high = 2 if _NATIVE == "little" else 0
+        high = 2 if BYTE_ORDER == "little" else 0
         wide[high::4] = raw[0::2]
         wide[high + 1 :: 4] = raw[1::2]
         return memoryview(wide).cast("f").tolist()
 
     def encode_float32(self, data: bytes) -> bytes:
         count = len(data) // 4
-        bits = int.from_bytes(data, _NATIVE)
+        bits = int.from_bytes(data, BYTE_ORDER)
         magnitude = bits & _lanes(0x7FFFFFFF, count)
         # Lane-wise magnitude > 0x7F800000 (NaN) sets bit 31; no lane can carry into the next.
         nan = (magnitude + _lanes(0x007FFFFF, count)) & _lanes(0x80000000, count)
@@ -376,7 +375,7 @@ class _BFloat16Codec(_NarrowFloatCodec):
             bits = (bits & ~whole) | (_lanes(0x7FC00000, count) & whole)
         odd = (bits >> 16) & _lanes(1, count)
         rounded = bits + _lanes(0x7FFF, count) + odd  # nearest even on the low 16 bits
-        return _high_halves(rounded.to_bytes(4 * count, _NATIVE)).tobytes()
+        return _high_halves(rounded.to_bytes(4 * count, BYTE_ORDER)).tobytes()
 
 
 class _ByteFloatCodec(_NarrowFloatCodec):
@@ -443,11 +442,11 @@ class _ByteFloatCodec(_NarrowFloatCodec):
     def _keys(data: bytes) -> tuple[memoryview, bool]:
         """The table keys of native float32 `data`, and whether each has one of bits 0-16 set."""
         count = len(data) // 4
-        bits = int.from_bytes(data, _NATIVE)
+        bits = int.from_bytes(data, BYTE_ORDER)
         low = _lanes(0xFFFF, count)
         bit16 = _lanes(0x10000, count)
         sticky = ((bits & low) + low) & bit16  # bit 16 := any of bits 0-16
-        return _high_halves((bits | sticky).to_bytes(4 * count, _NATIVE)), sticky == bit16
+        return _high_halves((bits | sticky).to_bytes(4 * count, BYTE_ORDER)), sticky == bit16
 
     def _round_once(
         self, values: list[Any] | tuple[Any, ...], rounded: list[Any], keys: memoryview
@@ -455,7 +454,7 @@ class _ByteFloatCodec(_NarrowFloatCodec):
         """The codes of `values`, re-rounding those whose float32 rounding landed on a tie."""
         # One lookup gives each code (low byte) and whether its key is a tie (high byte).
         tagged = array("H", map(self._tagged_table().__getitem__, keys)).tobytes()
-        first = 0 if _NATIVE == "little" else 1
+        first = 0 if BYTE_ORDER == "little" else 1
         codes, flags = tagged[first::2], tagged[1 - first :: 2]
         i = flags.find(1)
         if i < 0:
@@ -757,31 +756,6 @@ class _Limits(NamedTuple):
 _INT64_MIN: Final = -(1 << 63)
 _UINT64_END: Final = 1 << 64
 
-_CTYPES: Final = {
-    "uint8": "uint8_t",
-    "uint16": "uint16_t",
-    "uint32": "uint32_t",
-    "uint64": "uint64_t",
-    "int8": "int8_t",
-    "int16": "int16_t",
-    "int32": "int",
-    "int64": "int64_t",
-    "float16": "c10::Half",
-    "bfloat16": "c10::BFloat16",
-    "float32": "float",
-    "float64": "double",
-    "complex32": "c10::complex<c10::Half>",
-    "complex64": "c10::complex<float>",
-    "complex128": "c10::complex<double>",
-    "float8_e8m0fnu": "c10::Float8_e8m0fnu",
-    # The formats PyTorch lacks are named after the ml_dtypes type whose limits apply.
-    **{
-        name: f"ml_dtypes.{name}" if name in _ML_DTYPES_ONLY else f"c10::Float8_{name[7:]}"
-        for name in _FLOAT8
-    },
-}
-
-
 _FLOAT_MAX: Final = {
     "float16": 65504.0,
     "bfloat16": float.fromhex("0x1.FEp127"),
@@ -809,7 +783,8 @@ def _limits(dtype: DType) -> _Limits | None:
     """PyTorch's limits for writing a scalar into `dtype`; None for bool (anything goes)."""
     if dtype.kind == "b":
         return None
-    ctype = _CTYPES[dtype.name]
+    ctype = dtype.c_type
+    assert ctype is not None  # every fillable dtype but bool names one
     if dtype.kind == "c":
         part = {"complex32": _dtype.float16, "complex64": _dtype.float32}.get(
             dtype.name, _dtype.float64

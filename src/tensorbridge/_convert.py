@@ -33,10 +33,10 @@ import numbers
 from typing import Any, Final
 
 from . import _capi, _creation, _dlpack, _interfaces, _layout
+from ._args import as_copy, as_int
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype, from_format
 from ._errors import short_repr
-from ._layout import _as_int
 from ._storage import hold_buffer
 from ._tensor import Tensor
 
@@ -296,27 +296,6 @@ def _import(
     return _from_buffer(obj, api), False
 
 
-# PyTorch's ScalarType names, which its alias errors print (compat.md §5).
-_TORCH_NAMES: Final = {
-    "bool": "Bool",
-    "uint8": "Byte",
-    "int8": "Char",
-    "int16": "Short",
-    "int32": "Int",
-    "int64": "Long",
-    "float16": "Half",
-    "bfloat16": "BFloat16",
-    "float32": "Float",
-    "float64": "Double",
-    "complex32": "ComplexHalf",
-    "complex64": "ComplexFloat",
-    "complex128": "ComplexDouble",
-    "uint16": "UInt16",
-    "uint32": "UInt32",
-    "uint64": "UInt64",
-}
-
-
 def _same_device(have: Device, want: Device) -> bool:
     """``cuda`` without an index matches any CUDA device, as a request for "the current one"."""
     return have.type == want.type and (want.index is None or want.index == (have.index or 0))
@@ -344,7 +323,7 @@ def _finish(
         t, copied = t.to(device), True
     if dtype is not None and dtype is not t.dtype:
         if copy is False:
-            have, want = (_TORCH_NAMES.get(d.name, d.name) for d in (t.dtype, dtype))
+            have, want = (d.torch_name or d.name for d in (t.dtype, dtype))
             msg = (
                 f"{api}(): can't alias tensor with dtype '{have}' into dtype '{want}'. "
                 f"Pass copy=None or copy=True to allow a converting copy."
@@ -406,7 +385,7 @@ def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, a
         dtype = as_dtype(dtype, api)
     want = None if device is None else as_device(device, api)
     if copy is not None:
-        copy = _dlpack._as_copy(copy, api)
+        copy = as_copy(copy, api)
     path, found = _dispatch(obj)
     if path == _TENSOR:
         t, copied = obj, False
@@ -433,7 +412,7 @@ def _strides_arg(strides: Any, shape: tuple[int, ...], api: str) -> tuple[int, .
             f"{api}(): strides must be a sequence of ints (in elements); got {short_repr(strides)}."
         )
         raise TypeError(msg)
-    out = tuple(_as_int(s, api, "each stride") for s in strides)
+    out = tuple(as_int(s, api, "each stride") for s in strides)
     if len(out) != len(shape):
         msg = (
             f"{api}(): got {len(out)} strides for {len(shape)} dimensions; strides {list(out)}, "
@@ -486,7 +465,7 @@ def from_pointer(
                 [3, 4]], dtype=tensorbridge.int32)
     """
     api = "from_pointer"
-    address = _as_int(ptr, api, "ptr")
+    address = as_int(ptr, api, "ptr")
     if address < 0:
         msg = f"{api}(): ptr must be a non-negative address; got {address}."
         raise ValueError(msg)
@@ -494,7 +473,7 @@ def from_pointer(
     dt = as_dtype(dtype, api)
     element_strides = _strides_arg(strides, dims, api)
     dev = as_device(device, api)
-    extent = None if nbytes is None else _as_int(nbytes, api, "nbytes")
+    extent = None if nbytes is None else as_int(nbytes, api, "nbytes")
     if extent is not None and extent < 0:
         msg = f"{api}(): nbytes must be non-negative; got {extent}."
         raise ValueError(msg)

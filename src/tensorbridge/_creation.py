@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from . import _codec, _dtype, _layout
+from ._args import GRAD_MSG_CREATE
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
 from ._errors import short_repr
 from ._storage import allocate
-from ._tensor import GRAD_MSG_CREATE, Tensor, _from_bytes
+from ._tensor import Tensor, _from_bytes
 
 __all__ = [
     "arange",
@@ -41,14 +42,6 @@ _DEFAULT_FOR_KIND = {
     "f": _dtype.float32,
     "c": _dtype.complex64,
 }
-# PyTorch promotes these only with themselves (c10/core/ScalarType.cpp promoteTypes).
-_BARELY_PROMOTED = frozenset({_dtype.uint16, _dtype.uint32, _dtype.uint64})
-_COMPLEX_OF = {
-    _dtype.float16: _dtype.complex32,
-    _dtype.float32: _dtype.complex64,
-    _dtype.float64: _dtype.complex128,
-}
-_REAL_OF = {c: f for f, c in _COMPLEX_OF.items()}
 
 
 def _scalar_kind(value: Any, api: str) -> str:
@@ -77,47 +70,6 @@ def _foreign_dtype(value: Any) -> DType | None:
     """The dtype of a NumPy scalar or array (its ``dtype.str``), or None."""
     typestr = getattr(getattr(value, "dtype", None), "str", None)
     return _dtype.BY_TYPESTR.get(typestr[1:]) if isinstance(typestr, str) else None
-
-
-def _promote(a: DType, b: DType, api: str) -> DType:
-    """PyTorch's ``promote_types`` (c10/core/ScalarType.cpp ``promoteTypes``), with its refusals."""
-    if a is b:
-        return a
-    refused = None
-    if _is_float8(a) or _is_float8(b):
-        refused = "Float8 Types"
-    elif a in _BARELY_PROMOTED or b in _BARELY_PROMOTED:
-        if a.kind == "f" or b.kind == "f":  # the one promotion PyTorch defines for them
-            return a if a.kind == "f" else b
-        refused = "uint16, uint32, uint64 types"
-    elif _dtype.float4_e2m1fn_x2 in (a, b):
-        refused = "Float4 types"
-    if refused is not None:
-        msg = (
-            f"{api}(): Promotion for {refused} is not supported, attempted to promote {a} and {b}. "
-            f"Pass dtype= explicitly."
-        )
-        raise TypeError(msg)
-    if a.kind == "b" or b.kind == "b":
-        return b if a.kind == "b" else a
-    category = {"i": 0, "u": 0, "f": 1, "c": 2}
-    lo, hi = sorted((a, b), key=lambda d: (category[d.kind], d.itemsize))
-    if hi.kind == "c":
-        # The complex result must hold the real operand's precision: complex64 + float64 -> complex128.
-        real = _promote(lo, _REAL_OF[hi], api) if lo.kind in "fc" else _REAL_OF[hi]
-        return _COMPLEX_OF[_REAL_OF.get(real, real)]
-    if hi.kind == "f":
-        return (
-            _dtype.float32 if lo.kind == "f" and lo.itemsize == hi.itemsize else hi
-        )  # float16 + bfloat16
-    if _dtype.uint8 not in (a, b):  # two signed ints
-        return hi
-    signed = b if a is _dtype.uint8 else a
-    return signed if signed.itemsize > 1 else _dtype.int16  # uint8 + int8 -> int16
-
-
-def _is_float8(dtype: DType) -> bool:
-    return dtype.kind == "f" and dtype.itemsize == 1 and dtype is not _dtype.float4_e2m1fn_x2
 
 
 # Python scalar types and the dtype kind PyTorch infers for each.
@@ -166,7 +118,7 @@ def _flatten(
     dtypes = [p[2] for p in parts if p[2] is not None]
     inferred = dtypes[0] if dtypes else None
     for d in dtypes[1:]:
-        inferred = _promote(inferred, d, api)  # type: ignore[arg-type]
+        inferred = _dtype.promote_types(inferred, d, api)  # type: ignore[arg-type]
     return values, (len(data), *first_shape), inferred
 
 

@@ -55,6 +55,7 @@ import sys
 from typing import Any, Final, TypeVar
 
 from . import _capi, _cuda, _exports
+from ._args import as_copy
 from ._device import CPU, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -69,7 +70,7 @@ from ._dlpack_abi import (
 )
 from ._dtype import BY_DLPACK, DType
 from ._errors import NotDLPackError, short_repr
-from ._layout import contiguous_strides
+from ._layout import MAX_NDIM, contiguous_strides
 from ._storage import ADDRESS_LIMIT, DLPackStorage, Storage
 from ._tensor import Tensor
 
@@ -78,7 +79,6 @@ __all__ = ["dlpack_export", "exchange_export", "from_dlpack", "to_dlpack"]
 # The version asked of producers and reported on export.
 _MAX_VERSION: Final = (DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION)
 _MAX_VERSION_ONLY: Final = {"max_version": _MAX_VERSION}
-_MAX_NDIM: Final = 64
 
 _kDLCPU: Final = int(DLDeviceType.kDLCPU)
 _kDLCUDA: Final = int(DLDeviceType.kDLCUDA)
@@ -137,7 +137,7 @@ _MEMORY: Final = _capi.PyMemoryView_FromMemory(
     _MEMORY_BASE, sys.maxsize - _MEMORY_BASE, _capi.PyBUF_READ
 )
 _MEMORY_COVERS_ALL: Final = sys.maxsize >= 2**63 - 1
-_INT64_ARRAYS: Final = [struct.Struct(f"@{n}q") for n in range(2 * _MAX_NDIM + 1)]
+_INT64_ARRAYS: Final = [struct.Struct(f"@{n}q") for n in range(2 * MAX_NDIM + 1)]
 
 
 def _dtype_word(code: int, bits: int, lanes: int) -> int:
@@ -253,7 +253,7 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
                 deleter
             )  # cache hit inline
         return t
-    return _from_dlpack_with(ext_tensor, _as_target(device), _as_copy(copy, "from_dlpack"))
+    return _from_dlpack_with(ext_tensor, _as_target(device), as_copy(copy, "from_dlpack"))
 
 
 def _alias(t: Tensor) -> Tensor:
@@ -282,14 +282,6 @@ def _as_target(device: Any) -> Device | None:
         f"from_dlpack(): device must be a string like 'cpu' or a tensorbridge.device; got "
         f"{short_repr(device)} ({type(device).__name__})."
     )
-    raise TypeError(msg)
-
-
-def _as_copy(copy: Any, api: str) -> bool | None:
-    """The array API's ``copy`` argument (None, True or False; also `asarray`'s)."""
-    if copy is None or isinstance(copy, bool):
-        return copy
-    msg = f"{api}(): copy must be None, True or False; got {short_repr(copy)} ({type(copy).__name__})."
     raise TypeError(msg)
 
 
@@ -690,7 +682,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
     if dtype is None:
         raise _unsupported_dtype(dtype_word)
     device = CPU if dev_type == _kDLCPU else Device.from_dlpack(dev_type, dev_id)
-    if 0 < ndim <= _MAX_NDIM and strides_p == shape_p + 8 * ndim and shape_p:
+    if 0 < ndim <= MAX_NDIM and strides_p == shape_p + 8 * ndim and shape_p:
         try:  # adjacent arrays (NumPy, tensorbridge): one read, inline on this hot path
             both = _INT64_ARRAYS[2 * ndim].unpack_from(_MEMORY, shape_p - _MEMORY_BASE)
         except (struct.error, OverflowError):
@@ -741,9 +733,9 @@ def _shape_and_strides(
     """Shape and strides (in elements) behind the DLTensor's pointers."""
     if ndim == 0:
         return (), ()  # shape and strides may be NULL (DLPack 1.3): never read them
-    if not 0 < ndim <= _MAX_NDIM or not shape_p:
+    if not 0 < ndim <= MAX_NDIM or not shape_p:
         msg = (
-            f"from_dlpack(): malformed DLTensor: ndim={ndim} (at most {_MAX_NDIM}), shape "
+            f"from_dlpack(): malformed DLTensor: ndim={ndim} (at most {MAX_NDIM}), shape "
             f"{'set' if shape_p else 'NULL'}; the producer wrote an invalid capsule."
         )
         raise BufferError(msg)
@@ -966,7 +958,7 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
         msg = f"{api}(): {_TORCH_GRAD}."
         raise BufferError(msg)
     if copy is not None:
-        copy = _as_copy(copy, api)
+        copy = as_copy(copy, api)
     versioned = max_version is not None and _wants_versioned(max_version, api)
     device = t._storage.device
     if stream is not None:

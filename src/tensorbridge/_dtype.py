@@ -1,8 +1,11 @@
 """Data types: one interned `DType` per element type, every foreign encoding derived from one list.
 
-Each dtype carries what the protocols need to name it: the buffer-protocol format character, the
-``__array_interface__`` typestr, and the DLPack ``(code, bits, lanes)`` triple. Every lookup table in
-this module is derived from the single list `_SPECS`, so adding a dtype is one line.
+Each dtype carries what the protocols and peers need to name it: the buffer-protocol format (and
+the raw-bits format of dtypes without one), the ``__array_interface__`` typestr (and the unsigned
+typestr of the same size), the DLPack ``(code, bits, lanes)`` triple, the Arrow format, PyTorch's
+ScalarType name, the ml_dtypes name and the C++ type PyTorch's limits messages print. Every lookup
+table in this module, and PyTorch's type promotion, is derived from the single list `_SPECS`, so
+adding a dtype is one line.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ __all__ = [
     "uint64",
 ]
 
-_BYTE_ORDER: Final = "<" if sys.byteorder == "little" else ">"
+# The host's byte order, in its two spellings: ``int.to_bytes``'s and struct's/typestr's.
+BYTE_ORDER: Final = sys.byteorder
+BYTE_ORDER_CHAR: Final = "<" if BYTE_ORDER == "little" else ">"
 
 # DLDataTypeCode values (dlpack.h v1.3); the C spellings live in _dlpack_abi, these are the numbers.
 _INT, _UINT, _FLOAT, _BFLOAT, _COMPLEX, _BOOL = 0, 1, 2, 4, 5, 6
@@ -68,9 +73,31 @@ class DType:
         format: the buffer-protocol (struct) format character, or None where Python has none.
         typestr: the ``__array_interface__`` typestr in native byte order, or None where NumPy has none.
         dlpack: the DLPack ``(code, bits, lanes)`` triple.
+        buffer_format: the format a memoryview of this dtype carries, as bytes: `format` encoded, or
+            for dtypes without one the unsigned integer format of the same size (the raw bits).
+        raw_typestr: the native ``__array_interface__`` typestr of the unsigned integer of the same
+            size (the raw bits), or None where NumPy has none (16 bytes).
+        arrow: the Arrow C data interface format string of the fixed-width primitive type, or None.
+        torch_name: PyTorch's ScalarType name as its alias errors print it (``"Long"``); None for
+            the float8 and float4 types, whose messages print the tensorbridge name instead.
+        ml_dtypes: the ml_dtypes type name for dtypes NumPy lacks, or None.
+        c_type: the C++ type PyTorch's scalar-range messages name (``"int64_t"``), or None.
     """
 
-    __slots__ = ("dlpack", "format", "itemsize", "kind", "name", "typestr")
+    __slots__ = (
+        "arrow",
+        "buffer_format",
+        "c_type",
+        "dlpack",
+        "format",
+        "itemsize",
+        "kind",
+        "ml_dtypes",
+        "name",
+        "raw_typestr",
+        "torch_name",
+        "typestr",
+    )
 
     _interned: Final[dict[str, DType]] = {}
 
@@ -80,6 +107,12 @@ class DType:
     format: str | None
     typestr: str | None
     dlpack: tuple[builtins.int, builtins.int, builtins.int]
+    buffer_format: bytes
+    raw_typestr: str | None
+    arrow: bytes | None
+    torch_name: str | None
+    ml_dtypes: str | None
+    c_type: str | None
 
     def __new__(
         cls,
@@ -89,6 +122,7 @@ class DType:
         fmt: str | None,
         typestr: str | None,
         dlpack: tuple[builtins.int, builtins.int, builtins.int],
+        **foreign: Any,
     ) -> DType:
         if name in cls._interned:
             return cls._interned[name]
@@ -100,6 +134,7 @@ class DType:
             ("format", fmt),
             ("typestr", typestr),
             ("dlpack", dlpack),
+            *foreign.items(),
         ):
             object.__setattr__(self, attr, value)
         cls._interned[name] = self
@@ -143,6 +178,11 @@ class DType:
         return 8 * self.itemsize
 
 
+def _native(typestr: str, itemsize: builtins.int) -> str:
+    """A typestr in native byte order (``|`` for single bytes, which have none)."""
+    return ("|" if itemsize == 1 else BYTE_ORDER_CHAR) + typestr
+
+
 def _spec(
     name: str,
     itemsize: builtins.int,
@@ -150,45 +190,123 @@ def _spec(
     fmt: str | None,
     typestr: str | None,
     code: builtins.int,
+    *,
+    arrow: str | None = None,
+    torch: str | None = None,
+    ml_dtypes: builtins.bool = False,
+    c_type: str | None = None,
     bits: builtins.int | None = None,
     lanes: builtins.int = 1,
 ) -> DType:
-    if typestr is not None:
-        typestr = ("|" if itemsize == 1 else _BYTE_ORDER) + typestr
     return DType(
-        name, itemsize, kind, fmt, typestr, (code, 8 * itemsize if bits is None else bits, lanes)
+        name,
+        itemsize,
+        kind,
+        fmt,
+        None if typestr is None else _native(typestr, itemsize),
+        (code, 8 * itemsize if bits is None else bits, lanes),
+        arrow=None if arrow is None else arrow.encode(),
+        torch_name=torch,
+        ml_dtypes=name if ml_dtypes else None,
+        c_type=c_type,
     )
 
 
 # The one list. Order is PyTorch's promotion-free listing order; nothing depends on it.
 _SPECS: Final[tuple[DType, ...]] = (
-    _spec("bool", 1, "b", "?", "b1", _BOOL),
-    _spec("uint8", 1, "u", "B", "u1", _UINT),
-    _spec("uint16", 2, "u", "H", "u2", _UINT),
-    _spec("uint32", 4, "u", "I", "u4", _UINT),
-    _spec("uint64", 8, "u", "Q", "u8", _UINT),
-    _spec("int8", 1, "i", "b", "i1", _INT),
-    _spec("int16", 2, "i", "h", "i2", _INT),
-    _spec("int32", 4, "i", "i", "i4", _INT),
-    _spec("int64", 8, "i", "q", "i8", _INT),
-    _spec("float16", 2, "f", "e", "f2", _FLOAT),
-    _spec("bfloat16", 2, "f", None, None, _BFLOAT),
-    _spec("float32", 4, "f", "f", "f4", _FLOAT),
-    _spec("float64", 8, "f", "d", "f8", _FLOAT),
-    _spec("complex32", 4, "c", None, None, _COMPLEX),
-    _spec("complex64", 8, "c", "Zf", "c8", _COMPLEX),
-    _spec("complex128", 16, "c", "Zd", "c16", _COMPLEX),
-    _spec("float8_e3m4", 1, "f", None, None, 7),
-    _spec("float8_e4m3", 1, "f", None, None, 8),
-    _spec("float8_e4m3b11fnuz", 1, "f", None, None, 9),
-    _spec("float8_e4m3fn", 1, "f", None, None, 10),
-    _spec("float8_e4m3fnuz", 1, "f", None, None, 11),
-    _spec("float8_e5m2", 1, "f", None, None, 12),
-    _spec("float8_e5m2fnuz", 1, "f", None, None, 13),
-    _spec("float8_e8m0fnu", 1, "f", None, None, 14),
+    # Arrow formats: the C data interface's fixed-width primitives. Arrow's bool ("b") is
+    # bit-packed, not one byte per value, so bool has none here.
+    _spec("bool", 1, "b", "?", "b1", _BOOL, torch="Bool"),
+    _spec("uint8", 1, "u", "B", "u1", _UINT, arrow="C", torch="Byte", c_type="uint8_t"),
+    _spec("uint16", 2, "u", "H", "u2", _UINT, arrow="S", torch="UInt16", c_type="uint16_t"),
+    _spec("uint32", 4, "u", "I", "u4", _UINT, arrow="I", torch="UInt32", c_type="uint32_t"),
+    _spec("uint64", 8, "u", "Q", "u8", _UINT, arrow="L", torch="UInt64", c_type="uint64_t"),
+    _spec("int8", 1, "i", "b", "i1", _INT, arrow="c", torch="Char", c_type="int8_t"),
+    _spec("int16", 2, "i", "h", "i2", _INT, arrow="s", torch="Short", c_type="int16_t"),
+    _spec("int32", 4, "i", "i", "i4", _INT, arrow="i", torch="Int", c_type="int"),
+    _spec("int64", 8, "i", "q", "i8", _INT, arrow="l", torch="Long", c_type="int64_t"),
+    _spec("float16", 2, "f", "e", "f2", _FLOAT, arrow="e", torch="Half", c_type="c10::Half"),
+    _spec(
+        "bfloat16",
+        2,
+        "f",
+        None,
+        None,
+        _BFLOAT,
+        torch="BFloat16",
+        ml_dtypes=True,
+        c_type="c10::BFloat16",
+    ),
+    _spec("float32", 4, "f", "f", "f4", _FLOAT, arrow="f", torch="Float", c_type="float"),
+    _spec("float64", 8, "f", "d", "f8", _FLOAT, arrow="g", torch="Double", c_type="double"),
+    _spec(
+        "complex32",
+        4,
+        "c",
+        None,
+        None,
+        _COMPLEX,
+        torch="ComplexHalf",
+        ml_dtypes=True,
+        c_type="c10::complex<c10::Half>",
+    ),
+    _spec(
+        "complex64",
+        8,
+        "c",
+        "Zf",
+        "c8",
+        _COMPLEX,
+        torch="ComplexFloat",
+        c_type="c10::complex<float>",
+    ),
+    _spec(
+        "complex128",
+        16,
+        "c",
+        "Zd",
+        "c16",
+        _COMPLEX,
+        torch="ComplexDouble",
+        c_type="c10::complex<double>",
+    ),
+    # The float8 formats PyTorch lacks name the ml_dtypes type whose limits apply as their C type.
+    _spec("float8_e3m4", 1, "f", None, None, 7, ml_dtypes=True, c_type="ml_dtypes.float8_e3m4"),
+    _spec("float8_e4m3", 1, "f", None, None, 8, ml_dtypes=True, c_type="ml_dtypes.float8_e4m3"),
+    _spec(
+        "float8_e4m3b11fnuz",
+        1,
+        "f",
+        None,
+        None,
+        9,
+        ml_dtypes=True,
+        c_type="ml_dtypes.float8_e4m3b11fnuz",
+    ),
+    _spec("float8_e4m3fn", 1, "f", None, None, 10, ml_dtypes=True, c_type="c10::Float8_e4m3fn"),
+    _spec("float8_e4m3fnuz", 1, "f", None, None, 11, ml_dtypes=True, c_type="c10::Float8_e4m3fnuz"),
+    _spec("float8_e5m2", 1, "f", None, None, 12, ml_dtypes=True, c_type="c10::Float8_e5m2"),
+    _spec("float8_e5m2fnuz", 1, "f", None, None, 13, ml_dtypes=True, c_type="c10::Float8_e5m2fnuz"),
+    _spec("float8_e8m0fnu", 1, "f", None, None, 14, ml_dtypes=True, c_type="c10::Float8_e8m0fnu"),
     # PyTorch's packed pair of FP4 values: one byte, exported as (kDLFloat4_e2m1fn, 4, 2).
     _spec("float4_e2m1fn_x2", 1, "f", None, None, 17, bits=4, lanes=2),
 )
+
+
+def _derive_raw_encodings() -> None:
+    """Give each dtype the encodings of its raw bits: those of the unsigned integer of its size."""
+    unsigned = {d.itemsize: d for d in _SPECS if d.kind == "u"}
+    for d in _SPECS:
+        raw = unsigned.get(d.itemsize)
+        fmt = d.format if d.format is not None else raw.format if raw is not None else None
+        if fmt is None:  # no dtype of the list lacks both
+            msg = f"dtype {d.name} has no buffer format and no unsigned integer of its size"
+            raise AssertionError(msg)
+        object.__setattr__(d, "buffer_format", fmt.encode())
+        object.__setattr__(d, "raw_typestr", None if raw is None else raw.typestr)
+
+
+_derive_raw_encodings()
 
 bool: Final = DType._interned["bool"]
 uint8: Final = DType._interned["uint8"]
@@ -244,6 +362,7 @@ BY_DLPACK: Final[dict[tuple[builtins.int, builtins.int, builtins.int], DType]] =
     d.dlpack: d for d in _SPECS
 }
 BY_TYPESTR: Final[dict[str, DType]] = {d.typestr[1:]: d for d in _SPECS if d.typestr is not None}
+BY_ARROW_FORMAT: Final[dict[bytes, DType]] = {d.arrow: d for d in _SPECS if d.arrow is not None}
 
 
 def _format_table() -> dict[str, DType]:
@@ -268,7 +387,7 @@ def from_format(fmt: str) -> DType | None:
     """
     if fmt and fmt[0] in "@=<>!":
         prefix, fmt = fmt[0], fmt[1:]
-        if prefix in "<>!" and (prefix == "!" or prefix != _BYTE_ORDER):
+        if prefix in "<>!" and (prefix == "!" or prefix != BYTE_ORDER_CHAR):
             return None
         if prefix in "=<>" and fmt in ("l", "L") and BY_FORMAT[fmt].itemsize != 4:
             return int32 if fmt == "l" else uint32  # standard sizes: 'l' is 4 bytes
@@ -278,6 +397,53 @@ def from_format(fmt: str) -> DType | None:
 def result_kind_order(dtype: DType) -> builtins.int:
     """Rank of the dtype's category for PyTorch's type promotion: bool < int < float < complex."""
     return "buifc".index(dtype.kind) if dtype.kind != "u" else 1
+
+
+# PyTorch promotes these only with themselves and with floating types (c10/core/ScalarType.cpp).
+_BARELY_PROMOTED: Final = frozenset({uint16, uint32, uint64})
+_COMPLEX_OF: Final = {float16: complex32, float32: complex64, float64: complex128}
+_REAL_OF: Final = {c: f for f, c in _COMPLEX_OF.items()}
+
+
+def _is_float8(dtype: DType) -> builtins.bool:
+    return dtype.kind == "f" and dtype.itemsize == 1 and dtype is not float4_e2m1fn_x2
+
+
+def promote_types(a: DType, b: DType, api: str) -> DType:
+    """PyTorch's ``promote_types`` (c10/core/ScalarType.cpp ``promoteTypes``), with its refusals."""
+    if a is b:
+        return a
+    refused = None
+    if _is_float8(a) or _is_float8(b):
+        refused = "Float8 Types"
+    elif a in _BARELY_PROMOTED or b in _BARELY_PROMOTED:
+        if a.kind == "f" or b.kind == "f":  # the one promotion PyTorch defines for them
+            return a if a.kind == "f" else b
+        refused = "uint16, uint32, uint64 types"
+    elif float4_e2m1fn_x2 in (a, b):
+        refused = "Float4 types"
+    if refused is not None:
+        msg = (
+            f"{api}(): Promotion for {refused} is not supported, attempted to promote {a} and {b}. "
+            f"Pass dtype= explicitly."
+        )
+        raise TypeError(msg)
+    if a.kind == "b" or b.kind == "b":
+        return b if a.kind == "b" else a
+    category = {"i": 0, "u": 0, "f": 1, "c": 2}
+    lo, hi = sorted((a, b), key=lambda d: (category[d.kind], d.itemsize))
+    if hi.kind == "c":
+        # The complex result must hold the real operand's precision: complex64 + float64 -> complex128.
+        real = promote_types(lo, _REAL_OF[hi], api) if lo.kind in "fc" else _REAL_OF[hi]
+        return _COMPLEX_OF[_REAL_OF.get(real, real)]
+    if hi.kind == "f":
+        return (
+            float32 if lo.kind == "f" and lo.itemsize == hi.itemsize else hi
+        )  # float16 + bfloat16
+    if uint8 not in (a, b):  # two signed ints
+        return hi
+    signed = b if a is uint8 else a
+    return signed if signed.itemsize > 1 else int16  # uint8 + int8 -> int16
 
 
 def as_dtype(value: object, api: str, argname: str = "dtype") -> DType:

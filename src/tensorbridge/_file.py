@@ -17,11 +17,12 @@ import os
 import stat
 from typing import Any, Final
 
-from ._buffer import _READONLY_REQUEST, _WRITABLE_REQUEST, _as_bool, _as_int
+from ._args import GRAD_MSG_CREATE, as_bool, as_int
+from ._buffer import _READONLY_REQUEST, _WRITABLE_REQUEST
 from ._device import CPU
 from ._dtype import DType, as_dtype, float32
 from ._storage import Storage, allocate, hold_buffer
-from ._tensor import GRAD_MSG_CREATE, Tensor
+from ._tensor import Tensor
 
 __all__ = ["from_file"]
 
@@ -75,10 +76,10 @@ def from_file(
     path = _as_path(filename)
     shared = _as_shared(shared)
     if size.__class__ is not int:
-        size = _as_int(size, _API, "size")
+        size = as_int(size, _API, "size", argument=True)
     if offset.__class__ is not int:
-        offset = _as_int(offset, _API, "offset")
-    requires_grad = _as_bool(requires_grad, _API, "requires_grad")
+        offset = as_int(offset, _API, "offset", argument=True)
+    requires_grad = as_bool(requires_grad, _API, "requires_grad")
     dtype = float32 if dtype is None else as_dtype(dtype, _API)
     readonly = _as_readonly(mode)
     if requires_grad and dtype.kind not in "fc":

@@ -30,10 +30,10 @@ import sys
 from typing import Any, Final, NamedTuple
 
 from . import _capi, _cuda, _dlpack, _dtype, _layout
+from ._args import as_int
 from ._device import CPU, Device
-from ._dtype import BY_TYPESTR, DType
+from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
 from ._errors import short_repr
-from ._layout import _as_int
 from ._storage import ADDRESS_LIMIT, Storage, hold_buffer
 from ._tensor import Tensor, _from_bytes
 
@@ -53,9 +53,6 @@ __all__ = [
     "to_torch",
     "wrap_memory",
 ]
-
-
-_NATIVE_ORDER: Final = "<" if sys.byteorder == "little" else ">"
 
 
 # ---------------------------------------------------------------------------------------------- raw memory
@@ -120,10 +117,10 @@ def wrap_memory(
 
 
 def _ints(values: tuple[object, ...] | list[object], api: str, what: str) -> tuple[int, ...]:
-    """A tuple of ints; plain ints take a fast path (``_as_int``'s protocol check costs microseconds)."""
+    """A tuple of ints; plain ints take a fast path (``as_int``'s protocol check costs microseconds)."""
     if all(type(v) is int for v in values):
         return tuple(values)  # type: ignore[arg-type]
-    return tuple(_as_int(v, api, what) for v in values)
+    return tuple(as_int(v, api, what) for v in values)
 
 
 # ------------------------------------------------------------------------ __(cuda_)array_interface__ import
@@ -152,11 +149,11 @@ def _typestr_dtype(typestr: object, api: str, name: str) -> DType:
             f"integers ('<i4', '|u1', ...), floats ('<f2', '<f4', '<f8') and complex ('<c8', '<c16')."
         )
         raise BufferError(msg)
-    if dtype.itemsize > 1 and typestr[0] in "<>" and typestr[0] != _NATIVE_ORDER:
-        # dlpack.md §8 "Endianness": tensors are native-endian; a byte-swapped view would read garbage.
+    if dtype.itemsize > 1 and typestr[0] in "<>" and typestr[0] != BYTE_ORDER_CHAR:
+        # Tensors are native-endian (DLPack has no byte-order field); a byte-swapped view reads garbage.
         msg = (
             f"{api}(): {name} typestr {short_repr(typestr)} has non-native byte order; tensorbridge needs native "
-            f"order ({_NATIVE_ORDER!r}). Byte-swap the data first (NumPy: a.astype(a.dtype.newbyteorder('='))."
+            f"order ({BYTE_ORDER_CHAR!r}). Byte-swap the data first (NumPy: a.astype(a.dtype.newbyteorder('='))."
         )
         raise BufferError(msg)
     return dtype
@@ -259,7 +256,7 @@ def _data_pointer(data: object, api: str, name: str) -> tuple[int, bool]:
             f"({type(data).__name__})."
         )
         raise TypeError(msg)
-    ptr = data[0] if type(data[0]) is int else _as_int(data[0], api, f"the {name} data pointer")
+    ptr = data[0] if type(data[0]) is int else as_int(data[0], api, f"the {name} data pointer")
     if ptr < 0:
         msg = f"{api}(): {name} data pointer must be non-negative; got {ptr}."
         raise ValueError(msg)
@@ -293,7 +290,7 @@ def import_array_interface(obj: object, iface: object, api: str) -> Tensor:
             api=api,
         )
     held, view = _hold_data_buffer(obj if data is None else data, api, name)
-    offset = _as_int(iface.get("offset", 0), api, f"{name} offset")
+    offset = as_int(iface.get("offset", 0), api, f"{name} offset")
     if not 0 <= offset <= view.len:
         msg = f"{api}(): {name} offset {offset} lies outside the data buffer of {view.len} bytes."
         raise ValueError(msg)
@@ -369,7 +366,7 @@ def _cai_stream(stream: object, api: str) -> int | None:
     """Validate the v3 ``stream`` entry: None, 1 (legacy default), 2 (per-thread default) or a handle."""
     if stream is None:
         return None
-    value = _as_int(stream, api, "__cuda_array_interface__ stream")
+    value = as_int(stream, api, "__cuda_array_interface__ stream")
     if value <= 0:
         # CUDA Array Interface v3: "0 is disallowed due to its ambiguity between None and 1".
         msg = (
@@ -532,20 +529,6 @@ _ARROW_SCHEMA: Final = b"arrow_schema"
 _ARROW_ARRAY: Final = b"arrow_array"
 _ARROW_ARRAY_STREAM: Final = b"arrow_array_stream"
 
-# Fixed-width primitive formats (Arrow C data interface, "Data type description -- format strings").
-_ARROW_FORMATS: Final[dict[bytes, str]] = {
-    b"c": "int8",
-    b"C": "uint8",
-    b"s": "int16",
-    b"S": "uint16",
-    b"i": "int32",
-    b"I": "uint32",
-    b"l": "int64",
-    b"L": "uint64",
-    b"e": "float16",
-    b"f": "float32",
-    b"g": "float64",
-}
 _ARROW_BOOL: Final = b"b"  # bit-packed: one bit per value, so it is unpacked into a copy
 _BITS_TO_BYTES: Final = bytes.maketrans(b"01", b"\x00\x01")
 
@@ -594,8 +577,8 @@ def _arrow_dtype(schema: ArrowSchema, api: str) -> DType | None:
     fmt = schema.format or b""
     if fmt == _ARROW_BOOL and not schema.n_children and not schema.dictionary:
         return None
-    name = _ARROW_FORMATS.get(fmt)
-    if name is None or schema.n_children or schema.dictionary:
+    dtype = BY_ARROW_FORMAT.get(fmt)
+    if dtype is None or schema.n_children or schema.dictionary:
         kind = (
             "dictionary-encoded"
             if schema.dictionary
@@ -607,7 +590,7 @@ def _arrow_dtype(schema: ArrowSchema, api: str) -> DType | None:
             f"(pyarrow: arr.cast(pa.int64())) or decode it (arr.dictionary_decode())."
         )
         raise BufferError(msg)
-    return _dtype.BY_NAME[name]
+    return dtype
 
 
 def _check_arrow_array(array: ArrowArray, api: str) -> None:
@@ -771,24 +754,6 @@ def _peer(module: str, api: str) -> Any:
         raise ImportError(msg) from exc
 
 
-# dtypes NumPy lacks, by ml_dtypes name; viewed from an unsigned integer array of the same size.
-_ML_DTYPES: Final = frozenset(
-    {
-        "bfloat16",
-        "complex32",
-        "float8_e3m4",
-        "float8_e4m3",
-        "float8_e4m3b11fnuz",
-        "float8_e4m3fn",
-        "float8_e4m3fnuz",
-        "float8_e5m2",
-        "float8_e5m2fnuz",
-        "float8_e8m0fnu",
-    }
-)
-_UNSIGNED_TYPESTR: Final = {1: "|u1", 2: f"{_NATIVE_ORDER}u2", 4: f"{_NATIVE_ORDER}u4"}
-
-
 class _NumPyExport:
     """What ``numpy.asarray`` receives: the interface, and the tensor that keeps the memory alive."""
 
@@ -825,7 +790,7 @@ def to_numpy(t: Tensor, *, force: bool = False, api: str = "numpy") -> Any:
     dtype = t.dtype
     if dtype.typestr is not None:
         return np.asarray(_NumPyExport(t, dtype.typestr))
-    if dtype.name not in _ML_DTYPES:
+    if dtype.ml_dtypes is None or dtype.raw_typestr is None:
         msg = (
             f"{api}(): NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw bytes "
             f"with t.view(tensorbridge.uint8).numpy()."
@@ -839,7 +804,7 @@ def to_numpy(t: Tensor, *, force: bool = False, api: str = "numpy") -> Any:
             f"convert it, or view the raw bits with t.view(tensorbridge.uint{dtype.bits}).numpy()."
         )
         raise TypeError(msg) from None
-    ml_type = getattr(ml_dtypes, dtype.name, None)
+    ml_type = getattr(ml_dtypes, dtype.ml_dtypes, None)
     if ml_type is None:  # older ml_dtypes lack the newer types (0.5 has no complex32)
         version = getattr(ml_dtypes, "__version__", "?")
         msg = (
@@ -848,7 +813,7 @@ def to_numpy(t: Tensor, *, force: bool = False, api: str = "numpy") -> Any:
             f"t.view(tensorbridge.uint{dtype.bits}).numpy()."
         )
         raise TypeError(msg)
-    raw = np.asarray(_NumPyExport(t, _UNSIGNED_TYPESTR[dtype.itemsize]))
+    raw = np.asarray(_NumPyExport(t, dtype.raw_typestr))
     return raw.view(ml_type)
 
 

@@ -6,9 +6,10 @@ Everything here is a function of tuples of ints, so it is exhaustively property-
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, SupportsIndex
+
+from ._args import as_int
 
 __all__ = [
     "Size",
@@ -39,15 +40,6 @@ class Size(tuple[int, ...]):
         return math.prod(self)
 
 
-def _as_int(value: object, api: str, what: str) -> int:
-    if type(value) is int:  # the common case, without the slow SupportsIndex protocol check
-        return value
-    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        msg = f"{api}(): {what} must be an int; got {value!r} ({type(value).__name__})."
-        raise TypeError(msg)
-    return operator.index(value)
-
-
 def as_shape(
     args: Sequence[Any], api: str, *, negative: type[Exception] = ValueError
 ) -> tuple[int, ...]:
@@ -60,7 +52,7 @@ def as_shape(
             msg = f"{api}(): size must be a sequence of ints; got {args[0]!r} ({type(args[0]).__name__})."
             raise TypeError(msg)
         args = tuple(args[0])
-    shape = tuple(_as_int(s, api, "each size") for s in args)
+    shape = tuple(as_int(s, api, "each size") for s in args)
     for s in shape:
         if s < 0:
             msg = (
@@ -117,7 +109,7 @@ def normalize_dim(dim: object, ndim: int, api: str, *, scalar_ok: bool = True) -
     0-d tensors accept -1 and 0 as PyTorch does for shape changes (``transpose``, ``unsqueeze``); pass
     ``scalar_ok=False`` for operations that need a real dimension (``size(d)``, ``unbind``, ``narrow``).
     """
-    d = _as_int(dim, api, "dim")
+    d = as_int(dim, api, "dim")
     if ndim == 0 and not scalar_ok:
         msg = f"{api}(): Dimension specified as {d} but tensor has no dimensions"
         raise IndexError(msg)

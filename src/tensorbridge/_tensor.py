@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import _codec, _dtype, _layout, _memory
+from ._args import GRAD_MSG, GRAD_MSG_METHOD
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
 from ._indexing import Advanced, parse_index
@@ -24,15 +25,6 @@ from ._layout import Size
 from ._storage import Storage, allocate
 
 __all__ = ["Tensor"]
-
-# PyTorch words this error three ways, by entry point; each is kept verbatim.
-_GRAD_MSG = "only Tensors of floating point and complex dtype can require gradients"  # t.requires_grad = True
-_GRAD_MSG_METHOD = (
-    "only Tensors of floating point dtype can require gradients"  # t.requires_grad_()
-)
-GRAD_MSG_CREATE = (
-    "Only Tensors of floating point and complex dtype can require gradients"  # tensor(...)
-)
 
 
 class Tensor:
@@ -194,11 +186,11 @@ class Tensor:
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
-        self._set_requires_grad(value, "requires_grad", _GRAD_MSG)
+        self._set_requires_grad(value, "requires_grad", GRAD_MSG)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         """Set ``requires_grad`` in place; only floating and complex tensors may require gradients."""
-        return self._set_requires_grad(requires_grad, "requires_grad_", _GRAD_MSG_METHOD)
+        return self._set_requires_grad(requires_grad, "requires_grad_", GRAD_MSG_METHOD)
 
     def _set_requires_grad(self, requires_grad: bool, api: str, torch_text: str) -> Tensor:
         # RuntimeError, as PyTorch: the tensor's dtype (its state), not the argument, is at fault.
