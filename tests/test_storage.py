@@ -6,6 +6,7 @@ import ctypes
 import gc
 import sys
 import weakref
+from typing import ClassVar
 
 import pytest
 
@@ -19,7 +20,7 @@ from tensorbridge._tensor import Tensor
 class _CountingOwner:
     """An owner that counts how often it is finalised."""
 
-    released: list[str] = []
+    released: ClassVar[list[str]] = []
 
     def __init__(self, name: str) -> None:
         self.name = name

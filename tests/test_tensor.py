@@ -116,7 +116,7 @@ def test_dim_arguments_of_zero_d_tensors(torch):
     t = tb.tensor(5)
     for fn in (lambda: t.size(0), lambda: t.stride(-1), lambda: t.unbind(0)):
         with pytest.raises(
-            IndexError, match="Dimension specified as (0|-1) but tensor has no dimensions"
+            IndexError, match=r"Dimension specified as (0|-1) but tensor has no dimensions"
         ):
             fn()
     with pytest.raises(IndexError) as torch_info:
@@ -599,7 +599,7 @@ def test_fill_takes_a_zero_d_tensor():
     assert t.tolist() == [2.5, 2.5, 2.5]
     with pytest.raises(
         RuntimeError,
-        match="fill_ only supports 0-dimension value tensor but got tensor with 1 dimensions.",
+        match=r"fill_ only supports 0-dimension value tensor but got tensor with 1 dimensions\.",
     ):
         t.fill_(tb.tensor([1.0]))
 
@@ -723,7 +723,7 @@ def test_equal_compares_shape_and_values():
     assert a.equal(a.clone())
     with pytest.raises(TypeError, match=r"equal\(\): expected two tensors; got Tensor and list"):
         tb.equal(a, [[0, 1, 2], [3, 4, 5]])
-    with pytest.raises(TypeError, match="use tensorbridge.equal"):
+    with pytest.raises(TypeError, match=r"use tensorbridge\.equal"):
         a == a  # noqa: B015
 
 

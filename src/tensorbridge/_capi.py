@@ -8,7 +8,7 @@ the GIL and turns a set Python error into an exception.
 from __future__ import annotations
 
 import ctypes
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
     "PY_BUF_FULL_RO",
@@ -39,7 +39,7 @@ _py, _vp, _cp, _int, _ssize = (
 PyCapsule_Destructor = ctypes.CFUNCTYPE(None, _vp)
 
 
-def _bind(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+def _bind(name: str, restype: object, *argtypes: object) -> Any:
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, _api))  # type: ignore[arg-type]
 
 

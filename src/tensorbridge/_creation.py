@@ -384,7 +384,7 @@ def full(
 
 def _like(t: Tensor, dtype: Any, device: Any, api: str) -> tuple[tuple[int, ...], DType, Device]:
     if not isinstance(t, Tensor):
-        msg = f"{api}(): expected a tensorbridge Tensor; got {type(t).__name__}."
+        msg = f"{api}(): expected a tensorbridge Tensor; got {type(t).__name__}."  # type: ignore[unreachable]  # checked at run time too
         raise TypeError(msg)
     dt = t.dtype if dtype is None else as_dtype(dtype, api)
     dev = _result_device(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import enum
 from typing import Any, Final
 
@@ -86,7 +87,7 @@ class Device:
                 raise TypeError(msg)
             return type
         if not isinstance(type, str):
-            msg = (
+            msg = (  # type: ignore[unreachable]  # checked at run time too
                 f"device(): expected a device string such as 'cpu' or 'cuda:0'; got "
                 f"{type!r} ({builtins_type_name(type)})."
             )
@@ -194,7 +195,7 @@ class Device:
     def __str__(self) -> str:
         return self._type if self._index is None else f"{self._type}:{self._index}"
 
-    def __reduce__(self) -> tuple[type[Device], tuple[str, int | None]]:
+    def __reduce__(self) -> tuple[builtins.type[Device], tuple[str, int | None]]:
         return Device, (self._type, self._index)
 
 

@@ -33,6 +33,7 @@ or enough pending capsules to settle, after every full collection, and at exit.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import itertools
 import sys
@@ -79,8 +80,12 @@ def hold_view(inner: memoryview, keep: object, outer: memoryview) -> None:
     ``inner`` cannot be released until the last view derived from ``outer`` dies.
     """
     token = next(_TOKENS)
-    ref = weakref.ref(outer, lambda _ref, token=token: _outer_died(token))
+    ref = weakref.ref(outer, functools.partial(_on_outer_death, token))
     _VIEWS[token] = (inner, keep, ref)
+
+
+def _on_outer_death(token: int, _ref: object) -> None:
+    _outer_died(token)
 
 
 def _outer_died(

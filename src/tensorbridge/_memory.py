@@ -30,7 +30,7 @@ def _unit(itemsize: int, *nbytes: int) -> int:
 
 def _words(mv: memoryview, unit: int) -> memoryview:
     fmt = {1: "B", 2: "H", 4: "I", 8: "Q"}[unit]
-    return mv if unit == 1 else mv.cast(fmt)
+    return mv if unit == 1 else mv.cast(fmt)  # type: ignore[call-overload]
 
 
 def _outer_offsets(shape: Sequence[int], *stride_sets: Sequence[int]) -> Iterator[tuple[int, ...]]:
@@ -82,7 +82,8 @@ def copy_region(
             dw[d0 : d0 + n * k] = sw[s0 : s0 + n * k]
         elif ss == 0:
             for j in range(k):
-                repeated = memoryview(sw[s0 + j : s0 + j + 1].tobytes() * n).cast(dw.format)
+                one = sw[s0 + j : s0 + j + 1].tobytes()
+                repeated = memoryview(one * n).cast(dw.format)  # type: ignore[call-overload]
                 dw[_run(d0 + j, ds, n)] = repeated
         else:
             for j in range(k):

@@ -1068,7 +1068,7 @@ def _parse_to_args(
 def equal(a: Tensor, b: Tensor) -> bool:
     """True when ``a`` and ``b`` have the same shape and equal values (``torch.equal``; NaN != NaN)."""
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        msg = (
+        msg = (  # type: ignore[unreachable]  # checked at run time too
             f"equal(): expected two tensors; got {type(a).__name__} and {type(b).__name__}. "
             f"Convert with tensorbridge.asarray() first."
         )
