@@ -37,6 +37,19 @@ gc.set_threshold(50, 5, 5)
 ROUNDS, KEEP = 4000, 40
 stop = threading.Event()
 bad = []
+
+
+def run(worker, churn):  # two threads of worker(seed) against churn() until the workers end
+    stop.clear()
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    churner = threading.Thread(target=churn)
+    churner.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    stop.set()
+    churner.join()
 """
 
 
@@ -80,16 +93,7 @@ def test_memoryview_slices_keep_their_memory_under_threads_and_gc(subprocess_run
                     gc.collect()
 
         for _ in range(2):
-            stop.clear()
-            workers = [threading.Thread(target=slicer, args=(k,)) for k in range(2)]
-            churner = threading.Thread(target=churn)
-            churner.start()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            stop.set()
-            churner.join()
+            run(slicer, churn)
         gc.collect()
         from tensorbridge import _exports
         print(len(bad), bad[:3], _exports.counts()["views"])
@@ -138,16 +142,7 @@ def test_dlpack_exports_keep_their_memory_under_threads_and_gc(subprocess_run: A
                 if i % 40 == 0:
                     gc.collect()
 
-        workers = [threading.Thread(target=exporter, args=(k,)) for k in range(2)]
-        churner = threading.Thread(target=churn)
-        churner.start()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        stop.set()
-        churner.join()
-        del workers
+        run(exporter, churn)
         gc.collect()
         from tensorbridge import _exports
         counts = _exports.counts()
