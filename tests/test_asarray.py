@@ -187,7 +187,7 @@ def test_dispatch_table(case, no_driver):
 
 
 def test_dispatch_big_endian_memoryview_is_refused():
-    """A '>i4' buffer takes the buffer path and is refused: tensors are native-endian (compat.md F10)."""
+    """A '>i4' buffer takes the buffer path and is refused: tensors are native-endian."""
     mv = memoryview((ctypes.c_int32.__ctype_be__ * 2)(1, 2))
     assert mv.format == ">i"
     assert _dispatch_path(mv) == "buffer"
@@ -372,7 +372,7 @@ def test_tensor_copies_and_as_tensor_shares():
 
 
 def test_tensor_from_dlpack_only_wrapper():
-    """tensor(W(x)) for a wrapper with only __dlpack__/__dlpack_device__ equals x (compat.md §9.12)."""
+    """tensor(W(x)) for a wrapper with only __dlpack__/__dlpack_device__ equals x."""
     a = np.arange(6.0).reshape(2, 3)
     assert tb.tensor(DLPackOnly(a)).tolist() == a.tolist()
 
@@ -393,7 +393,7 @@ def test_tensor_from_dlpack_only_wrapper():
     ],
 )
 def test_buffer_dtype_comes_from_the_format(obj, dtype, values):
-    """The buffer's format gives the dtype (PyTorch ignores it: compat.md F10)."""
+    """The buffer's format gives the dtype (PyTorch 2.13 ignores it)."""
     t = tb.asarray(obj)
     assert t.dtype is dtype
     assert t.tolist() == values
@@ -414,7 +414,7 @@ def test_buffer_shape_and_strides_are_kept():
 
 
 def test_buffer_is_shared_and_held():
-    """A bytearray is shared both ways and cannot be resized while a view lives (compat.md F1)."""
+    """A bytearray is shared both ways and cannot be resized while a view lives."""
     data = bytearray(b"\x01\x02\x03")
     t = tb.asarray(data)
     t[0] = 9

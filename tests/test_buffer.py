@@ -41,7 +41,7 @@ def _frombuffer_b8(**kwargs):
 
 
 # -------------------------------------------------------------------------------------------------
-# Documented examples (examples.md)
+# The examples of torch.frombuffer's documentation
 
 
 def test_documented_example_shares_memory_with_array():

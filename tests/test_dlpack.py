@@ -260,7 +260,7 @@ def read_only_tensor(crafted):
 
 
 def test_read_only_capsule_imports_read_only(crafted):
-    """A READ_ONLY capsule gives a read-only tensor: writes raise (PyTorch ignores the flag, F4)."""
+    """A READ_ONLY capsule gives a read-only tensor: writes raise (PyTorch 2.13 ignores the flag)."""
     t, _ = read_only_tensor(crafted)
     assert t.is_readonly
     with pytest.raises(ValueError, match="read-only"):
@@ -542,7 +542,7 @@ def test_copy_true_keeps_a_producer_copy(crafted):
     t = tb.from_dlpack(flagged, copy=True)
     assert t.data_ptr() == ctypes.addressof(flagged.buffer)
     assert t._storage.is_copied
-    ignored = crafted((1.0, 2.0))  # a producer that ignores copy=True (dlpack.md §12.5)
+    ignored = crafted((1.0, 2.0))  # a producer that ignores copy=True, as JAX can
     t = tb.from_dlpack(ignored, copy=True)
     assert t.data_ptr() != ctypes.addressof(ignored.buffer)
     assert t.tolist() == [1.0, 2.0]
@@ -700,7 +700,7 @@ def test_cpu_producer_gets_no_stream():
 
 @pytest.mark.parametrize(("device", "stream"), [((2, 0), 1), ((10, 1), 0)])
 def test_gpu_producer_gets_the_legacy_default_stream(crafted, device, stream):
-    """CUDA producers get stream=1, ROCm producers stream=0 (legacy default, dlpack.md §5)."""
+    """CUDA producers get stream=1, ROCm producers stream=0 (the legacy default streams)."""
     recorded = []
 
     class Recorder(crafted):
@@ -785,7 +785,7 @@ def test_every_dtype_code_imports(crafted, dtype):
 
 
 def test_dtype_table_matches_dlpack_and_torch():
-    """The DLPack triples are those of dlpack.md §3 and PyTorch (compat.md §3.2)."""
+    """The DLPack (code, bits, lanes) triples are dlpack.h's, as PyTorch 2.13 uses them."""
     expected = {
         "bool": (6, 8, 1),
         "uint8": (1, 8, 1),

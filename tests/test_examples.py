@@ -1,4 +1,4 @@
-"""The documented PyTorch examples (shared/examples.md), run verbatim with tensorbridge for torch.
+"""The examples of PyTorch's documentation (``torch.utils.dlpack``, ``torch.frombuffer``), run verbatim with tensorbridge for torch.
 
 Each example is the doctest session of the documentation, with ``torch`` replaced by
 ``tensorbridge`` (imported as ``tb``); the expected output is what torch 2.13.0 prints, module name

@@ -1,4 +1,4 @@
-"""The DLPack C exchange API (dlpack.md §9, §12.8): the table's fast path, and every fallback from it.
+"""The DLPack C exchange API (``__dlpack_c_exchange_api__``, PyTorch >= 2.10): the table's fast path, and every fallback from it.
 
 PyTorch's ``torch.Tensor`` advertises ``__dlpack_c_exchange_api__``; tensorbridge imports through its
 ``managed_tensor_from_py_object_no_sync`` and exports through ``managed_tensor_to_py_object_no_sync``.
@@ -454,7 +454,7 @@ def test_torch_refusals_are_the_capsule_paths(torch, monkeypatch, case):
 
 
 def test_torch_negative_bit_is_resolved_either_way(torch, monkeypatch):
-    """A negative-bit view keeps its sign through either path (compat.md F5)."""
+    """A negative-bit view keeps its sign through either path (PyTorch exports it without)."""
     x = torch.tensor([1 + 2j, 3 - 4j]).conj().imag
     assert x.is_neg()
     fast = tb.from_dlpack(x).tolist()

@@ -83,7 +83,7 @@ def test_producer_exception_passes_through(exc: Exception) -> None:
 @crafted.isolated
 def test_unrelated_type_error_is_not_retried() -> None:
     """A ``TypeError`` that is not about the keywords propagates; the producer is called once
-    (F9)."""
+    (PyTorch 2.13 retries on any TypeError)."""
     producer = _Producer(_raise(TypeError("producer: unsupported dtype")))
     with pytest.raises(TypeError, match="unsupported dtype"):
         tb.from_dlpack(producer)

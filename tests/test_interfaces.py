@@ -116,7 +116,7 @@ def test_array_interface_buffer_data_is_held_and_bounds_checked():
     )
     assert t.tolist() == [4, 5, 6]
     with pytest.raises(BufferError):
-        data.append(0)  # the export is held while the tensor lives (compat.md F1)
+        data.append(0)  # the export is held while the tensor lives
     del t
     gc.collect()
     data.append(0)

@@ -11,7 +11,7 @@ import tensorbridge as tb
 
 torch = pytest.importorskip("torch")
 
-# Every torch dtype with a DLPack encoding (compat.md §3.2), by tensorbridge name.
+# Every torch dtype with a DLPack encoding, by tensorbridge name.
 TORCH_DTYPES = [
     "bool",
     "uint8",
@@ -155,7 +155,7 @@ def test_torch_layouts_import(make):
 @pytest.mark.subprocess
 def test_negative_strides_to_torch_do_not_abort(subprocess_run):
     """Negative strides (tensorbridge views, NumPy arrays) reach torch as a correct copy instead of
-    aborting the process (F3); tensorbridge itself imports NumPy's negative strides as a view."""
+    aborting the process (pytorch/pytorch#188023); tensorbridge itself imports NumPy's negative strides as a view."""
     pytest.importorskip("numpy")
     result = subprocess_run("""
         import numpy as np, tensorbridge as tb, torch
@@ -190,7 +190,7 @@ def test_torch_refusals_pass_through():
 
 
 def test_negative_bit_view_is_resolved():
-    """A torch negative-bit view imports with its sign (torch drops it, F5), or refuses."""
+    """A torch negative-bit view imports with its sign (torch drops it), or refuses."""
     v = torch._neg_view(torch.tensor([1.0, -2.0]))
     assert v.is_neg()
     assert tb.from_dlpack(v).tolist() == [-1.0, 2.0]
@@ -248,7 +248,7 @@ def test_torch_deleter_runs_once_when_tensorbridge_view_dies():
 
 
 def test_copy_semantics_with_torch():
-    """copy=None/False share; copy=True copies (torch sets no IS_COPIED, F7: tb copies)."""
+    """copy=None/False share; copy=True copies (torch never sets IS_COPIED: tb copies)."""
     x = torch.arange(4.0)
     assert tb.from_dlpack(x, copy=False).data_ptr() == x.data_ptr()
     c = tb.from_dlpack(x, copy=True)

@@ -12,7 +12,7 @@ path                        taken for
 ``"dlpack"``                ``__dlpack__`` (NumPy, PyTorch, JAX, CuPy, ...; `from_dlpack`)
 ``"cuda_array_interface"``  ``__cuda_array_interface__`` (Numba, CuPy, ...)
 ``"array_interface"``       ``__array_interface__``
-``"buffer"``                the buffer protocol, dtype taken from the buffer's format (compat.md F10)
+``"buffer"``                the buffer protocol, dtype taken from the buffer's format (PyTorch ignores it)
 ``"sequence"``/``"scalar"`` anything else: nested sequences and scalars, copied by `tensor`
 ==========================  ==========================================================================
 
@@ -160,7 +160,7 @@ def _from_buffer(obj: Any, api: str) -> Tensor:
     """A tensor sharing a buffer exporter's memory, with its format, shape and strides.
 
     The export stays held (``PyBuffer_Release`` when the last view dies), so the exporter cannot be
-    resized or closed meanwhile (compat.md F1). The buffer is asked for read-only access; its
+    resized or closed meanwhile. The buffer is asked for read-only access; its
     ``readonly`` field then says whether it may be written, so no second request is needed.
     """
     held, view = hold_buffer(obj, _capi.PY_BUF_FULL_RO)

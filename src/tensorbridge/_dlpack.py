@@ -1,17 +1,17 @@
 """DLPack import (`from_dlpack`) and export (``Tensor.__dlpack__``, `to_dlpack`).
 
-Import follows the array API consumer pattern (dlpack.md §7, §11): ask the producer for the newest
+Import follows the array API's consumer pattern: ask the producer for the newest
 version tensorbridge understands, accept whichever capsule comes back, validate every field, build
 the tensor, and only then rename the capsule to ``used_*``. The managed tensor then belongs to a
 `_storage.DLPackStorage`, which calls the producer's ``deleter`` exactly once, when the last view
-dies. A producer type that advertises the DLPack C exchange API (dlpack.md §9, §12.8; PyTorch
->= 2.10) hands its host tensors over through that table instead, with no ``__dlpack__`` call and
+dies. A producer type that advertises the DLPack C exchange API (PyTorch
+>= 2.10: a ``__dlpack_c_exchange_api__`` capsule on the type) hands its host tensors over through that table instead, with no ``__dlpack__`` call and
 no capsule, and `exchange_export` hands tensors to it the same way (``Tensor.torch()``).
 
 Export writes one ctypes block holding the managed struct, the shape and the strides, wraps it in a
 capsule, and keeps the block and the exported tensor in a registry until the consumer calls our
 deleter. The capsule has **no destructor**: a destructor written in Python would run while a
-rejecting consumer's exception is pending and turn it into ``SystemError`` (dlpack.md §12.2). The
+rejecting consumer's exception is pending and turn it into ``SystemError``. The
 registry is *reaped* instead: by exports and garbage collections once a few capsules are pending,
 by every full collection, and at exit. A capsule renamed ``used_*`` belongs to its consumer; one
 still carrying its own name that nothing but the registry refers to was abandoned, and the reaper
@@ -21,7 +21,7 @@ number of capsules a caller keeps, outside full collections). A reap costs about
 capsule and 0.1 µs per capsule still held; amortised, an export pays well under 1 µs for it.
 Exports through the C exchange API have no capsule and never wait for a reap.
 
-Deviations from PyTorch (compat.md §2, §3; each one deliberate):
+Deviations from PyTorch 2.13 (each one deliberate):
 
 * ``READ_ONLY`` capsules import read-only; read-only tensors are never exported as legacy capsules.
 * Legacy (flagless) capsules import **writable**, as in PyTorch (NumPy makes them read-only),
@@ -40,7 +40,7 @@ Deviations from PyTorch (compat.md §2, §3; each one deliberate):
   (pytorch/pytorch#188023). Negative strides that address nothing (on dimensions of size 1, or in
   a tensor without elements) are exported as their absolute values, with no copy. Imports keep
   negative strides as they are.
-* A PyTorch negative-bit view is resolved before import (PyTorch exports it without its sign, F5).
+* A PyTorch negative-bit view is resolved before import (PyTorch exports it without its sign).
 * Memory that is not host-accessible (CUDA, ROCm, Metal, ...) is carried and re-exported as it is,
   and never dereferenced on the host.
 """
@@ -290,7 +290,7 @@ def _as_target(device: Any) -> Device | None:
 #
 # What `from_dlpack` needs to know about a producer depends on its type only, so it is looked up
 # once per type: whether instances carry PyTorch's lazy negative bit, and whether the type
-# advertises the DLPack C exchange API (dlpack.md §9, §12.8). Called through PYFUNCTYPE prototypes,
+# advertises the DLPack C exchange API. Called through PYFUNCTYPE prototypes,
 # torch's `managed_tensor_from_py_object_no_sync` hands over an owned DLManagedTensorVersioned* in
 # about a fifth of the time of `Tensor.__dlpack__` plus `__dlpack_device__`, and with no capsule.
 # -------------------------------------------------------------------------------------------------
@@ -331,7 +331,7 @@ class _Producer:
 
     Attributes:
         neg_bit: instances may be PyTorch negative-bit views (``is_neg``/``resolve_neg``, duck
-            typed: torch.Tensor and its subclasses), which are resolved before export (F5).
+            typed: torch.Tensor and its subclasses), which are resolved before export: PyTorch exports them without their sign.
         exchange: the C exchange API the type itself advertises, major version 1; None without.
         immutable: the type also speaks the Arrow C data interface (``__arrow_c_array__``), whose
             memory is immutable: its legacy capsules, which cannot say ``READ_ONLY``, are imported
@@ -361,7 +361,7 @@ def _producer(cls: type) -> _Producer:
 
 
 def exchange_api(cls: type) -> _ExchangeAPI | None:
-    """The C exchange API that ``cls`` itself advertises (dlpack.md §9), or None.
+    """The C exchange API that ``cls`` itself advertises, or None.
 
     Only the advertising type qualifies, not its subclasses: ``py_object`` must be exactly the
     table's type (a subclass may override ``__dlpack__``). DLPack 1.3 advertises a capsule named
@@ -506,7 +506,8 @@ def _request_kwargs(
     source: tuple[int, int] | None, target: Device | None, copy: bool | None
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"max_version": _MAX_VERSION}
-    # A copy to the host is synchronised by the producer and takes no stream (dlpack.md §5).
+    # A copy to the host is synchronised by the producer and takes no stream (DLPack: a stream is
+    # asked for only when the consumer will use the data on the producer's device).
     to_host = target is not None and target.dlpack_type == DLDeviceType.kDLCPU
     if source is not None and not to_host:
         if source[0] == _kDLCUDA:
@@ -524,7 +525,7 @@ def _request_kwargs(
 
 
 def _resolve_neg(obj: Any, copy: bool | None) -> Any:
-    """PyTorch exports a negative-bit view without its sign (compat.md F5): resolve it first."""
+    """PyTorch exports a negative-bit view without its sign: resolve it first."""
     if copy is False:
         msg = (
             "from_dlpack(): the PyTorch tensor is a negative-bit view (is_neg()); its values "
@@ -618,7 +619,7 @@ def _commit(capsule: Any, storage: Any, used_name: bytes, deleter: int) -> None:
     """Take ownership: rename the capsule, then arm the storage.
 
     Nothing that can fail comes after the rename, so the deleter runs exactly once: by the capsule's
-    destructor if this never happens, by the storage otherwise (dlpack.md §10.2).
+    destructor if this never happens, by the storage otherwise.
     """
     _capi.PyCapsule_SetName(capsule, used_name)
     _arm(storage, deleter)
@@ -655,8 +656,7 @@ def _versioned(managed: int) -> tuple[Tensor, int]:
         fields = _read(_VERSIONED, managed)
     major, minor, _ctx, deleter, flags = fields[:5]
     if major != DLPACK_MAJOR_VERSION:
-        # Nothing else may be trusted; the unrenamed capsule's destructor calls the deleter
-        # (dlpack.md §4).
+        # Nothing else may be trusted; the unrenamed capsule's destructor calls the deleter.
         msg = (
             f"from_dlpack(): the capsule holds a DLPack {major}.{minor} tensor; tensorbridge "
             f"reads major version {DLPACK_MAJOR_VERSION} only. Upgrade tensorbridge or ask the "
@@ -674,7 +674,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
 
     Sizes are Python ints, so a layout whose byte extent does not fit the address space is refused
     rather than wrapped. NULL strides mean row-major: legal before DLPack 1.2 and accepted from any
-    version. Size-0 tensors may have any strides and NULL data (dlpack.md §8). The storage owns the
+    version. Size-0 tensors may have any strides and NULL data (dlpack.h). The storage owns the
     managed tensor, but calls no deleter until `_arm` arms it.
     """
     data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset = dltensor
@@ -811,8 +811,8 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
     if target is not None:
         t = _relabel(t, target)
     if copy and not t._storage.is_copied and t._storage.device.is_host_accessible:
-        # The producer ignored copy=True or could not say it copied (legacy capsule; PyTorch sets
-        # no IS_COPIED, F7; dlpack.md §12.5). Device memory is trusted: it cannot be checked here.
+        # The producer ignored copy=True or could not say it copied (legacy capsule; PyTorch 2.13
+        # never sets IS_COPIED, and JAX aliases 64-byte aligned memory even for copy=True). Device memory is trusted: it cannot be checked here.
         t = t.clone()
     return t
 
@@ -914,7 +914,7 @@ def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy
         t: the tensor.
         stream: None or an int. Host memory takes None and -1 only. CUDA: None, -1, 1, 2 or a
             ``cudaStream_t``, which is made to wait on the legacy default stream, where tensorbridge
-            has the data; 0 is refused (ambiguous, dlpack.md §5). ROCm: None, -1 and 0.
+            has the data; 0 is refused (ambiguous: DLPack leaves its meaning undefined). ROCm: None, -1 and 0.
         max_version: None or a 2-sequence of ints (tuple or list), the consumer's newest version.
         dl_device: None, the tensor's own ``__dlpack_device__()``, or ``(1, 0)`` for host memory.
         copy: None (copy only when needed), True (always; flagged ``IS_COPIED``), False (never).
@@ -930,7 +930,7 @@ def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy
 def to_dlpack(tensor: Any) -> Any:
     """A legacy ``"dltensor"`` capsule sharing the memory, as ``torch.utils.dlpack.to_dlpack``.
 
-    Runs the checks of ``Tensor.__dlpack__``, which PyTorch skips (compat.md F6): a tensor that
+    Runs the checks of ``Tensor.__dlpack__``, which PyTorch's ``to_dlpack`` skips: a tensor that
     requires gradients, and a read-only tensor (a legacy capsule cannot say ``READ_ONLY``), are
     refused. A view with negative strides is exported as a compact copy. The memory stays alive
     until the capsule's consumer releases it; a capsule never consumed is released at the next reap.
@@ -1031,7 +1031,8 @@ def _wants_versioned(max_version: Any, api: str) -> bool:
 
 
 def _check_stream(stream: Any, device: Device, api: str) -> None:
-    """Validate ``stream`` for the tensor's device (dlpack.md §5), with PyTorch's texts."""
+    """Validate ``stream`` for the tensor's device, as the DLPack standard defines it, with
+    PyTorch's texts."""
     if type(stream) is not int:
         msg = (
             f"{api}(): stream must be ``int`` or ``none``; got {short_repr(stream)} "
@@ -1245,7 +1246,7 @@ def _cuda_wait_on_legacy_stream(device_id: int, stream: int, api: str) -> None:
 
     tensorbridge imports CUDA memory with ``stream=1``, so its producer made the data ready on the
     legacy default stream. Stream 1 (that stream) and 2 (per-thread default, which synchronises
-    with it) need nothing; a raw stream may be non-blocking and gets an event wait (dlpack.md §5).
+    with it) need nothing; a raw stream may be non-blocking and gets an event wait.
     """
     driver = _cuda.driver()
     if driver is None:

@@ -19,7 +19,7 @@ __all__ = [
     "DLTensor",
 ]
 
-# The version tensorbridge implements and reports on export (dlpack.md §1).
+# The version tensorbridge implements and reports on export (dlpack.h v1.3).
 DLPACK_MAJOR_VERSION: Final = 1
 DLPACK_MINOR_VERSION: Final = 3
 

@@ -860,7 +860,7 @@ def to_torch(t: Tensor, *, force: bool = False) -> Any:
     represent two things tensorbridge can, and sharing them would be silently wrong, so both are a
     `BufferError` unless ``force=True``, which hands PyTorch a private copy instead:
 
-    * read-only memory: PyTorch has no read-only tensors and would write through (compat.md F4);
+    * read-only memory: PyTorch has no read-only tensors and would write through;
     * negative strides: PyTorch has none, and ``torch.from_dlpack`` aborts on them (pytorch/pytorch#188023).
     """
     torch = _peer("torch", "torch")
