@@ -1,4 +1,5 @@
-"""The DLPack C exchange API (``__dlpack_c_exchange_api__``, PyTorch >= 2.10): the table's fast path, and every fallback from it.
+"""The DLPack C exchange API (``__dlpack_c_exchange_api__``, PyTorch >= 2.10): the table's fast
+path, and every fallback from it.
 
 PyTorch's ``torch.Tensor`` advertises ``__dlpack_c_exchange_api__``; tensorbridge imports through its
 ``managed_tensor_from_py_object_no_sync`` and exports through ``managed_tensor_to_py_object_no_sync``.

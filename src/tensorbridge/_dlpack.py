@@ -4,9 +4,9 @@ Import follows the array API's consumer pattern: ask the producer for the newest
 version tensorbridge understands, accept whichever capsule comes back, validate every field, build
 the tensor, and only then rename the capsule to ``used_*``. The managed tensor then belongs to a
 `_storage.DLPackStorage`, which calls the producer's ``deleter`` exactly once, when the last view
-dies. A producer type that advertises the DLPack C exchange API (PyTorch
->= 2.10: a ``__dlpack_c_exchange_api__`` capsule on the type) hands its host tensors over through that table instead, with no ``__dlpack__`` call and
-no capsule, and `exchange_export` hands tensors to it the same way (``Tensor.torch()``).
+dies. A producer type that advertises the DLPack C exchange API (a
+``__dlpack_c_exchange_api__`` capsule on the type; PyTorch >= 2.10) hands its host tensors over
+through that table instead, with no ``__dlpack__`` call and no capsule, and `exchange_export` hands tensors to it the same way (``Tensor.torch()``).
 
 Export writes one ctypes block holding the managed struct, the shape and the strides, wraps it in a
 capsule, and keeps the block and the exported tensor in a registry until the consumer calls our
@@ -331,7 +331,8 @@ class _Producer:
 
     Attributes:
         neg_bit: instances may be PyTorch negative-bit views (``is_neg``/``resolve_neg``, duck
-            typed: torch.Tensor and its subclasses), which are resolved before export: PyTorch exports them without their sign.
+            typed: torch.Tensor and its subclasses), which are resolved before export: PyTorch
+            exports them without their sign.
         exchange: the C exchange API the type itself advertises, major version 1; None without.
         immutable: the type also speaks the Arrow C data interface (``__arrow_c_array__``), whose
             memory is immutable: its legacy capsules, which cannot say ``READ_ONLY``, are imported
@@ -812,7 +813,8 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
         t = _relabel(t, target)
     if copy and not t._storage.is_copied and t._storage.device.is_host_accessible:
         # The producer ignored copy=True or could not say it copied (legacy capsule; PyTorch 2.13
-        # never sets IS_COPIED, and JAX aliases 64-byte aligned memory even for copy=True). Device memory is trusted: it cannot be checked here.
+        # never sets IS_COPIED, and JAX aliases 64-byte aligned memory even for copy=True).
+        # Device memory is trusted: it cannot be checked here.
         t = t.clone()
     return t
 
@@ -914,7 +916,8 @@ def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy
         t: the tensor.
         stream: None or an int. Host memory takes None and -1 only. CUDA: None, -1, 1, 2 or a
             ``cudaStream_t``, which is made to wait on the legacy default stream, where tensorbridge
-            has the data; 0 is refused (ambiguous: DLPack leaves its meaning undefined). ROCm: None, -1 and 0.
+            has the data; 0 is refused (ambiguous: DLPack leaves its meaning undefined). ROCm:
+            None, -1 and 0.
         max_version: None or a 2-sequence of ints (tuple or list), the consumer's newest version.
         dl_device: None, the tensor's own ``__dlpack_device__()``, or ``(1, 0)`` for host memory.
         copy: None (copy only when needed), True (always; flagged ``IS_COPIED``), False (never).
