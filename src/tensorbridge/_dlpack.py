@@ -956,7 +956,6 @@ def to_dlpack(tensor: Any) -> Any:
 def _export(  # the __dlpack__ arguments, plus the API name for messages
     t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any, api: str
 ) -> Any:
-    _exports.maybe_reap()
     if t._requires_grad:
         msg = f"{api}(): {_TORCH_GRAD}."
         raise BufferError(msg)
@@ -1130,21 +1129,20 @@ def _block_layout(versioned: bool, ndim: int) -> tuple[struct.Struct, Any, int]:
 
 
 def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> Any:
-    """Write the managed struct, shape and strides into one block; register it; wrap it."""
+    """Write the managed struct, shape and strides into one block; wrap it; register both."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
-    address = _new_managed(t, device, versioned, copied, name)
-    try:
-        capsule = _capi.PyCapsule_New(address, name, None)
-    except BaseException:  # MemoryError: nobody will ever call the deleter of this struct
-        _exports.forget_managed(address)
-        raise
-    _exports.watch_capsule(address, capsule)
+    address, block = _new_managed(t, device, versioned, copied, name)
+    capsule = _capi.PyCapsule_New(address, name, None)
+    _exports.hold_capsule(address, block, t, name, capsule)
     return capsule
 
 
-def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool, name: bytes) -> int:
+def _new_managed(
+    t: Tensor, device: Device, versioned: bool, copied: bool, name: bytes
+) -> tuple[int, Any]:
     """Write a ``DLManagedTensor(Versioned)`` for ``t``, with its shape and strides, into one
-    block that the export registry keeps, with ``t``, until `_deleter` runs; return the block's address."""
+    block; return its address and the block, which the caller registers with ``t`` until
+    `_deleter` runs."""
     storage = t._storage
     shape, strides = t._shape, t._strides
     ndim = len(shape)
@@ -1208,8 +1206,7 @@ def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool, name:
             f"fields; it cannot be exported. Export a clone() of host memory instead."
         )
         raise BufferError(msg) from None
-    _exports.hold_managed(address, block, t, name)
-    return address
+    return address, block
 
 
 def exchange_export(t: Tensor, cls: type) -> Any:
@@ -1226,7 +1223,8 @@ def exchange_export(t: Tensor, cls: type) -> Any:
     exchange = (_PRODUCERS.get(cls) or _producer(cls)).exchange
     if exchange is None or not t._storage.device.is_host_accessible:
         return None
-    address = _new_managed(t, t._storage.device, True, False, DLTENSOR_VERSIONED)
+    address, block = _new_managed(t, t._storage.device, True, False, DLTENSOR_VERSIONED)
+    _exports.hold_managed(address, block, t, DLTENSOR_VERSIONED)
     out = ctypes.c_void_p()
     try:
         failed = exchange.to_py(address, ctypes.byref(out))

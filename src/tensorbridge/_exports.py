@@ -46,11 +46,10 @@ from . import _capi
 __all__ = [
     "counts",
     "forget_managed",
+    "hold_capsule",
     "hold_managed",
     "hold_view",
-    "maybe_reap",
     "reap",
-    "watch_capsule",
 ]
 
 # token -> (inner view, what keeps its memory valid, weak reference to the handed-out view)
@@ -112,9 +111,17 @@ def hold_managed(address: int, block: object, keep: object, name: bytes) -> None
     _MANAGED[address] = (block, keep, name)
 
 
-def watch_capsule(address: int, capsule: object) -> None:
-    """Watch ``capsule``, which wraps the managed struct at ``address``, until it is settled."""
+def hold_capsule(address: int, block: object, keep: object, name: bytes, capsule: object) -> None:
+    """`hold_managed`, and watch ``capsule`` (which wraps the struct) until it is settled.
+
+    Each export calls it once: it also reaps once enough capsules are pending (the bar doubles
+    with the capsules a caller keeps, so an export pays O(1) amortised). The caller still holds
+    ``capsule``, so this reap cannot mistake it for an abandoned one.
+    """
+    _MANAGED[address] = (block, keep, name)
     _PENDING[address] = capsule
+    if len(_PENDING) >= _pending_bar:
+        reap()
 
 
 def forget_managed(
@@ -143,12 +150,6 @@ _UNREFERENCED: Final = _references(_PROBE.copy())[0][2]
 
 # -------------------------------------------------------------------------------------------------
 # Reaping
-
-
-def maybe_reap() -> None:
-    """Reap if enough capsules are pending; what each export calls (O(1) amortised)."""
-    if len(_PENDING) >= _pending_bar:
-        reap()
 
 
 def reap() -> None:
