@@ -76,21 +76,17 @@ def _exports(x: Any) -> bool:
 _DOCUMENTED: Final = (TypeError, ValueError, BufferError, RuntimeError)
 
 
-def _numpy_can_name(dtype_name: str) -> bool:
-    """Whether NumPy (with ml_dtypes, when installed) has a type for elements of ``dtype_name``."""
-    try:
-        import numpy as np
-    except ImportError:
+def _numpy_can_name(dtype: tb.dtype) -> bool:
+    """Whether NumPy (with ml_dtypes, when installed) has a type for elements of ``dtype``."""
+    if dtype.typestr is not None:
+        return True
+    if dtype.ml_dtypes is None:
         return False
     try:
-        np.dtype(dtype_name)
-    except TypeError:
-        try:
-            import ml_dtypes
-        except ImportError:
-            return False
-        return hasattr(ml_dtypes, dtype_name)
-    return True
+        import ml_dtypes
+    except ImportError:
+        return False
+    return hasattr(ml_dtypes, dtype.ml_dtypes)  # older ml_dtypes lack some (0.5: complex32)
 
 
 @dataclass
@@ -302,7 +298,7 @@ class Exchange:
             cell.outcome, cell.blame = REFUSED, flow.c.key
         elif isinstance(exc, NotImplementedError) or not isinstance(exc, _DOCUMENTED):
             self._break(cell, cell.reason)
-        elif isinstance(exc, TypeError) and not _numpy_can_name(flow.t.dtype.name):
+        elif isinstance(exc, TypeError) and not _numpy_can_name(flow.t.dtype):
             # NumPy has no type for these elements (float4 pairs; bfloat16 or float8 without
             # ml_dtypes): tensorbridge refuses rather than hand out an object array or raw bytes
             # in disguise, as documented.
