@@ -35,7 +35,7 @@ from ._device import CPU
 from ._dtype import BY_NAME, DType, as_dtype, uint8
 from ._interfaces import array_interface
 from ._layout import contiguous_strides, extent
-from ._storage import BufferStorage, Storage, allocate, hold_buffer
+from ._storage import BufferStorage, Refusal, Storage, allocate, hold_buffer, locate
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
@@ -107,7 +107,19 @@ def frombuffer(
     storage = _acquire(buffer, "frombuffer")
     itemsize = dtype.itemsize
     try:
-        numel = _element_count(storage.nbytes, count, offset, itemsize)
+        length = storage.nbytes
+        numel = _element_count(length, count, offset, itemsize)
+        # The extent check every import shares: (numel,) elements from buf + offset, inside len.
+        locate(
+            storage.ptr + offset,
+            length - offset,
+            0,
+            (numel,),
+            (1,),
+            itemsize,
+            "frombuffer",
+            functools.partial(_too_long, count, offset, length),
+        )
         if requires_grad and dtype.kind not in "fc":
             msg = f"frombuffer(): {GRAD_MSG_CREATE}; got dtype {dtype}. Pass a floating dtype."
             raise RuntimeError(msg)
@@ -152,7 +164,7 @@ def _acquire(obj: Any, api: str) -> BufferStorage:
 
 
 def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
-    """The number of elements to view, checked in PyTorch's order and words, without overflow."""
+    """The number of elements to view: PyTorch's argument checks, in its order and words."""
     if length <= 0 or count == 0:
         msg = (
             f"frombuffer(): both buffer length ({length}) and count ({count}) must not be 0. "
@@ -174,14 +186,17 @@ def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
             )
             raise ValueError(msg)
         return remaining // itemsize
+    return count  # checked against the buffer's length by `_storage.locate`
+
+
+def _too_long(count: int, offset: int, length: int, r: Refusal) -> ValueError:
+    """PyTorch's words for a count that reaches past the buffer (any reason `locate` gives)."""
     # Python ints: a huge count cannot wrap into a small request as PyTorch's size_t sum does.
-    if offset + count * itemsize > length:
-        msg = (
-            f"frombuffer(): requested buffer length ({count} * {itemsize} bytes) after offset "
-            f"({offset} bytes) must not be greater than actual buffer length ({length} bytes)"
-        )
-        raise ValueError(msg)
-    return count
+    msg = (
+        f"frombuffer(): requested buffer length ({count} * {r.itemsize} bytes) after offset "
+        f"({offset} bytes) must not be greater than actual buffer length ({length} bytes)"
+    )
+    return ValueError(msg)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ from ._dlpack_abi import (
 from ._dtype import BY_DLPACK, DType
 from ._errors import NotDLPackError, short_repr
 from ._layout import MAX_NDIM, contiguous_strides
-from ._storage import ADDRESS_LIMIT, DLPackStorage, Storage
+from ._storage import ADDRESS_LIMIT, DLPackStorage, Refusal, Storage, locate
 from ._tensor import Tensor
 
 __all__ = ["dlpack_export", "exchange_export", "from_dlpack", "to_dlpack"]
@@ -673,10 +673,11 @@ def _versioned(managed: int) -> tuple[Tensor, int]:
 def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: bool) -> Tensor:
     """The tensor a DLTensor describes, over a storage spanning exactly the bytes it reaches.
 
-    Sizes are Python ints, so a layout whose byte extent does not fit the address space is refused
-    rather than wrapped. NULL strides mean row-major: legal before DLPack 1.2 and accepted from any
-    version. Size-0 tensors may have any strides and NULL data (dlpack.h). The storage owns the
-    managed tensor, but calls no deleter until `_arm` arms it.
+    The extent is checked by `_storage.locate`, with Python ints, so a layout whose byte extent does
+    not fit the address space is refused rather than wrapped. NULL strides mean row-major: legal
+    before DLPack 1.2 and accepted from any version. Size-0 tensors may have any strides and NULL
+    data (the DLPack header allows both). The storage owns the managed tensor, but calls no deleter
+    until `_arm` arms it.
     """
     data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset = dltensor
     dtype = _DTYPE_BY_WORD.get(dtype_word)
@@ -691,20 +692,15 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         shape, strides = both[:ndim], both[ndim:]
     else:
         shape, strides = _shape_and_strides(ndim, shape_p, strides_p)
-    low = high = 0  # the extent in elements, as `_layout.extent`, checking the sizes on the way
-    for size, stride in zip(shape, strides):  # equal lengths by construction
-        if size > 1:
-            if stride < 0:
-                low += (size - 1) * stride
-            else:
-                high += (size - 1) * stride
-        elif size == 0:
-            if min(shape) < 0:
+    for size in shape:  # DLPack's own rules first: sizes, the empty tensor, NULL data
+        if size <= 1:
+            if size == 0:
+                if min(shape) < 0:
+                    raise _negative_shape(shape)
+                storage = DLPackStorage(data or 0, 0, device, readonly, copied, managed)
+                return Tensor._make(storage, 0, shape, strides, dtype)  # nothing addressed
+            if size < 0:
                 raise _negative_shape(shape)
-            storage = DLPackStorage(data or 0, 0, device, readonly, copied, managed)
-            return Tensor._make(storage, 0, shape, strides, dtype)  # no elements: nothing addressed
-        elif size < 0:
-            raise _negative_shape(shape)
     if not data:
         msg = (
             f"from_dlpack(): DLTensor.data is NULL for a non-empty tensor of shape "
@@ -712,20 +708,56 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         )
         raise BufferError(msg)
     itemsize = dtype.itemsize
-    nbytes = (high - low + 1) * itemsize
-    if dev_type in _ADDRESSABLE:
-        start, offset = data + byte_offset + low * itemsize, -low
-    else:
-        start, offset, nbytes = _handle_extent(data, byte_offset, (low, high), itemsize, device)
-    if start <= 0 or start + nbytes > ADDRESS_LIMIT or nbytes > sys.maxsize:
+    try:
+        if dev_type in _ADDRESSABLE:
+            start, nbytes, offset = locate(
+                data + byte_offset,
+                None,
+                0,
+                shape,
+                strides,
+                itemsize,
+                "from_dlpack",
+                _refused,
+                sized=False,
+            )
+        else:
+            # ``data`` may be an opaque handle: the storage starts at it, byte_offset in elements.
+            offset, rest = divmod(byte_offset, itemsize)
+            if rest:
+                raise _handle_offset(byte_offset, itemsize, device)
+            start, nbytes, offset = locate(
+                data,
+                None,
+                offset,
+                shape,
+                strides,
+                itemsize,
+                "from_dlpack",
+                _refused,
+                sized=False,
+                anchored=True,
+            )
+    except BufferError as refused:
+        refusal = refused.args[0] if refused.args else None
+        if not isinstance(refusal, Refusal):
+            raise
+        if refusal.kind == "outside":  # only anchored layouts are refused for this
+            raise _handle_offset(byte_offset, itemsize, device) from None
         msg = (
             f"from_dlpack(): the layout (data=0x{data:x}, byte_offset={byte_offset}, shape="
             f"{list(shape)}, strides={list(strides)}, itemsize={itemsize}) reaches outside the "
             f"address space; the producer wrote an invalid capsule."
         )
-        raise BufferError(msg)
+        raise BufferError(msg) from None
     storage = DLPackStorage(start, nbytes, device, readonly, copied, managed)
     return Tensor._make(storage, offset, shape, strides, dtype)
+
+
+def _refused(refusal: Refusal) -> BufferError:
+    """A placeholder carrying `_storage.locate`'s refusal; `_tensor` words the error itself (its
+    message needs the DLTensor's own fields, and a closure would cost every import)."""
+    return BufferError(refusal)
 
 
 def _shape_and_strides(
@@ -754,20 +786,14 @@ def _negative_shape(shape: tuple[int, ...]) -> BufferError:
     return BufferError(msg)
 
 
-def _handle_extent(
-    data: int, byte_offset: int, span: tuple[int, int], itemsize: int, device: Device
-) -> tuple[int, int, int]:
-    """Storage start, element offset and size where ``data`` may be an opaque handle."""
-    low, high = span
-    offset, rest = divmod(byte_offset, itemsize)
-    if rest or offset + low < 0:
-        msg = (
-            f"from_dlpack(): byte_offset {byte_offset} on {device} is not a whole number of "
-            f"{itemsize}-byte elements or reaches before the buffer; tensorbridge cannot "
-            f"express it."
-        )
-        raise BufferError(msg)
-    return data, offset, (offset + high + 1) * itemsize
+def _handle_offset(byte_offset: int, itemsize: int, device: Device) -> BufferError:
+    """A byte_offset that an opaque device handle cannot carry."""
+    msg = (
+        f"from_dlpack(): byte_offset {byte_offset} on {device} is not a whole number of "
+        f"{itemsize}-byte elements or reaches before the buffer; tensorbridge cannot "
+        f"express it."
+    )
+    return BufferError(msg)
 
 
 def _legacy_pointer(capsule: Any) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import math
 import sys
 from typing import Any, Final, NamedTuple
 
@@ -34,7 +33,7 @@ from ._args import as_int
 from ._device import CPU, Device
 from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
 from ._errors import short_repr
-from ._storage import ADDRESS_LIMIT, Storage, hold_buffer
+from ._storage import Refusal, hold_buffer, wrap
 from ._tensor import Tensor, _from_bytes
 
 __all__ = [
@@ -77,43 +76,49 @@ def wrap_memory(
     Refused: a NULL pointer with elements, sizes whose bytes overflow ``Py_ssize_t``, and addresses outside
     the platform's pointer range. Nothing is read: the memory may live on a device.
     """
-    itemsize = dtype.itemsize
-    numel = math.prod(shape)
-    if numel * itemsize > sys.maxsize:
+    storage, element_offset = wrap(
+        ptr,
+        nbytes,
+        device,
+        readonly,
+        owner,
+        offset,
+        shape,
+        strides,
+        dtype.itemsize,
+        api,
+        lambda refusal: _memory_refused(refusal, dtype),
+    )
+    return Tensor._make(storage, element_offset, shape, strides, dtype)
+
+
+def _memory_refused(r: Refusal, dtype: DType) -> ValueError:
+    """`wrap_memory`'s words for each reason `_storage.locate` refuses a layout."""
+    shape, strides = list(r.shape), list(r.strides)
+    if r.kind == "numel":
         msg = (
-            f"{api}(): shape {list(shape)} of {dtype} holds {numel} elements ({numel * itemsize} bytes), "
-            f"more than a process can address ({sys.maxsize} bytes). Check the shape."
+            f"{r.api}(): shape {shape} of {dtype} holds {r.numel} elements "
+            f"({r.numel * r.itemsize} bytes), more than a process can address ({sys.maxsize} "
+            f"bytes). Check the shape."
         )
-        raise ValueError(msg)
-    span = _layout.extent(offset, shape, strides)
-    if span is not None and ptr == 0:
+    elif r.kind == "null":
         msg = (
-            f"{api}(): the data pointer is NULL but the shape {list(shape)} has {numel} elements. "
+            f"{r.api}(): the data pointer is NULL but the shape {shape} has {r.numel} elements. "
             f"Pass the address of the memory, or a shape with a zero size."
         )
-        raise ValueError(msg)
-    low, high = span if span is not None else (offset, offset - 1)
-    start, stop = ptr + low * itemsize, ptr + (high + 1) * itemsize
-    if start < 0 or stop > ADDRESS_LIMIT or stop - start > sys.maxsize:
+    elif r.kind == "address":
         msg = (
-            f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} from "
-            f"pointer 0x{ptr:x} reach bytes [{start}, {stop}), outside the address space. "
+            f"{r.api}(): shape {shape}, strides {strides} (elements) and offset {r.offset} from "
+            f"pointer 0x{r.ptr:x} reach bytes [{r.start}, {r.stop}), outside the address space. "
             f"Check the pointer, strides and shape."
         )
-        raise ValueError(msg)
-    if nbytes is None:
-        storage = Storage(start, stop - start, device, readonly, owner)
-        return Tensor._make(storage, offset - low, shape, strides, dtype)
-    if low < 0 or stop - ptr > nbytes:
+    else:
         msg = (
-            f"{api}(): shape {list(shape)}, strides {list(strides)} (elements) and offset {offset} reach "
-            f"bytes [{low * itemsize}, {(high + 1) * itemsize}) from the pointer, outside the "
-            f"{nbytes} bytes of memory given. Pass a layout that stays inside the memory."
+            f"{r.api}(): shape {shape}, strides {strides} (elements) and offset {r.offset} reach "
+            f"bytes [{r.low * r.itemsize}, {(r.high + 1) * r.itemsize}) from the pointer, outside "
+            f"the {r.nbytes} bytes of memory given. Pass a layout that stays inside the memory."
         )
-        raise ValueError(msg)
-    return Tensor._make(
-        Storage(ptr, nbytes, device, readonly, owner), offset, shape, strides, dtype
-    )
+    return ValueError(msg)
 
 
 def _ints(values: tuple[object, ...] | list[object], api: str, what: str) -> tuple[int, ...]:

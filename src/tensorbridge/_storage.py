@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NamedTuple
 
 from . import _capi
 from ._device import CPU, Device
@@ -106,6 +107,156 @@ class Storage:
             f"<Storage ptr=0x{self.ptr:x} nbytes={self.nbytes} device={self.device} "
             f"readonly={self.readonly} owner={type(self.owner).__name__}>"
         )
+
+
+class Refusal(NamedTuple):
+    """Why `locate` refused a layout, and everything it knew, for the caller's message builder.
+
+    ``kind`` is ``"numel"`` (the elements' bytes overflow ``Py_ssize_t``), ``"null"`` (a NULL pointer
+    with elements), ``"address"`` (the bytes reached leave the address space) or ``"outside"`` (the
+    layout leaves ``[ptr, ptr + nbytes)``, or reaches before ``ptr`` when anchored). ``low`` and
+    ``high`` are the lowest and highest element index reached (``offset, offset - 1`` when there is
+    no element), ``start`` and ``stop`` the byte range they span.
+    """
+
+    kind: str
+    api: str
+    ptr: int
+    nbytes: int | None
+    offset: int
+    shape: Sequence[int]
+    strides: Sequence[int]
+    itemsize: int
+    numel: int
+    low: int
+    high: int
+    start: int
+    stop: int
+
+
+def locate(
+    ptr: int,
+    nbytes: int | None,
+    offset: int,
+    shape: Sequence[int],
+    strides: Sequence[int],
+    itemsize: int,
+    api: str,
+    fail: Callable[[Refusal], BaseException],
+    *,
+    sized: bool = True,
+    anchored: bool = False,
+    check_empty: bool = True,
+) -> tuple[int, int, int]:
+    """The one bounds check: where a layout over memory at ``ptr`` lies, or the caller's error.
+
+    Element ``[0, ..., 0]`` lies at ``ptr + offset * itemsize``; ``strides`` are in elements and may
+    be negative. Sizes are Python ints, so nothing wraps. Refused, in this order: element bytes
+    that overflow ``Py_ssize_t`` (only when ``sized``: DLPack bounds the extent, not the element
+    count), a NULL ``ptr`` with elements, a layout whose bytes leave the address space (or touch
+    address 0), and, with ``nbytes``, a layout that leaves ``[ptr, ptr + nbytes)``. Nothing is read:
+    the memory may live on a device.
+
+    Args:
+        ptr: address of the memory (with ``anchored``, an opaque handle the storage must start at).
+        nbytes: the size of the valid memory, or None when the caller vouches for the layout.
+        offset: element offset of element ``[0, ..., 0]`` from ``ptr``.
+        shape: sizes, non-negative.
+        strides: strides in elements.
+        itemsize: bytes per element.
+        api: the function the user called.
+        fail: builds the exception to raise from a `Refusal`, in the caller's words.
+        sized: also refuse a shape whose element bytes overflow ``Py_ssize_t``.
+        anchored: the storage starts at ``ptr`` (a handle no arithmetic applies to); a layout
+            reaching before it is refused (``"outside"``) before anything else is checked.
+        check_empty: also check where a layout without elements lies; False for a view of an
+            existing storage, where an empty layout addresses no byte and may lie anywhere (as in
+            PyTorch).
+
+    Returns:
+        ``(start, size, element_offset)``: the storage's first byte and size, and the element
+        offset of the layout inside it. Without ``nbytes`` the storage is exactly the bytes the
+        layout reaches (anchored: from ``ptr`` to the last of them); with it, ``[ptr, ptr + nbytes)``.
+    """
+    low = high = offset
+    numel = 1
+    for size, stride in zip(shape, strides):
+        numel *= size
+        span = (size - 1) * stride
+        if span < 0:
+            low += span
+        else:
+            high += span
+    empty = numel == 0
+    if empty:
+        if not check_empty:
+            return ptr, nbytes or 0, offset
+        low, high = offset, offset - 1
+    if anchored:
+        if low < 0:
+            refusal = Refusal(
+                "outside",
+                api,
+                ptr,
+                nbytes,
+                offset,
+                shape,
+                strides,
+                itemsize,
+                numel,
+                low,
+                high,
+                ptr,
+                ptr,
+            )
+            raise fail(refusal)
+        start, stop = ptr, ptr + (high + 1) * itemsize
+    else:
+        start, stop = ptr + low * itemsize, ptr + (high + 1) * itemsize
+    kind = None
+    if sized and numel * itemsize > sys.maxsize:
+        kind = "numel"
+    elif not empty and ptr == 0:
+        kind = "null"
+    elif (
+        start < 0
+        or (start == 0 and not empty)
+        or stop > ADDRESS_LIMIT
+        or stop - start > sys.maxsize
+    ):
+        kind = "address"
+    elif nbytes is not None and (low < 0 or stop - ptr > nbytes):
+        kind = "outside"
+    if kind is not None:
+        refusal = Refusal(
+            kind, api, ptr, nbytes, offset, shape, strides, itemsize, numel, low, high, start, stop
+        )
+        raise fail(refusal)
+    if nbytes is not None:
+        return ptr, nbytes, offset
+    return start, stop - start, offset - low if not anchored else offset
+
+
+def wrap(
+    ptr: int,
+    nbytes: int | None,
+    device: Device,
+    readonly: bool,
+    owner: object,
+    offset: int,
+    shape: Sequence[int],
+    strides: Sequence[int],
+    itemsize: int,
+    api: str,
+    fail: Callable[[Refusal], BaseException],
+) -> tuple[Storage, int]:
+    """A validated storage over memory ``owner`` keeps valid, and the layout's element offset in it.
+
+    Every import path goes through `locate` (see there for the checks and arguments); this builds
+    the plain `Storage` for the range it returns.
+    """
+    start, size, element_offset = locate(ptr, nbytes, offset, shape, strides, itemsize, api, fail)
+    return Storage(start, size, device, readonly, owner), element_offset
 
 
 class _Allocation:

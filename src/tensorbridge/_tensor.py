@@ -22,7 +22,7 @@ from ._dtype import DType, as_dtype
 from ._indexing import Advanced, parse_index
 from ._indexing import check_bounds as check_index_bounds
 from ._layout import Size
-from ._storage import Storage, allocate
+from ._storage import Refusal, Storage, allocate, locate
 
 __all__ = ["Tensor"]
 
@@ -883,19 +883,31 @@ def check_bounds(
     if offset < 0:
         msg = f"{api}(): invalid storage offset {offset}; the storage offset must be non-negative."
         raise ValueError(msg)
-    span = _layout.extent(offset, shape, strides)
-    if span is None:
-        return
-    low, high = span
-    if low < 0 or (high + 1) * itemsize > storage.nbytes:
-        # PyTorch's setStorage text, extended: it checks only the high end (it has no negative strides).
-        msg = (
-            f"{api}(): sizes {list(shape)}, strides {list(strides)}, storage offset {offset}, and itemsize "
-            f"{itemsize} requiring a storage size of {(high + 1) * itemsize} are out of bounds for storage "
-            f"of size {storage.nbytes}: the layout reaches elements [{low}, {high}], outside the storage. "
-            f"Choose a layout that stays inside the tensor's memory."
-        )
-        raise ValueError(msg)
+    locate(
+        storage.ptr,
+        storage.nbytes,
+        offset,
+        shape,
+        strides,
+        itemsize,
+        api,
+        _out_of_bounds,
+        sized=False,
+        check_empty=False,
+    )
+
+
+def _out_of_bounds(r: Refusal) -> ValueError:
+    """The error for a view that leaves its storage, whatever `_storage.locate` found."""
+    # PyTorch's setStorage text, extended: it checks only the high end (it has no negative strides).
+    need = (r.high + 1) * r.itemsize
+    msg = (
+        f"{r.api}(): sizes {list(r.shape)}, strides {list(r.strides)}, storage offset {r.offset}, "
+        f"and itemsize {r.itemsize} requiring a storage size of {need} are out of bounds for "
+        f"storage of size {r.nbytes}: the layout reaches elements [{r.low}, {r.high}], outside "
+        f"the storage. Choose a layout that stays inside the tensor's memory."
+    )
+    return ValueError(msg)
 
 
 def _warn_zero_d(name: str, hint: str) -> None:
