@@ -14,7 +14,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge._interfaces import to_torch
+from tensorbridge._peers import to_torch
 
 FAKE_CUDA_PTR = 0x7F00_0000_0000
 

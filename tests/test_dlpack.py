@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _cuda, _dlpack, _exports
+from tensorbridge import _cuda, _dlpack_c, _dlpack_export, _exports
 from tensorbridge._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -86,10 +86,10 @@ class Producer:
 # ----------------------------------------------------------------------------------- the C layout
 def test_struct_formats_match_the_ctypes_mirrors():
     """The struct formats used to read capsules have the size of the dlpack.h mirrors."""
-    assert _dlpack._VERSIONED.size == ctypes.sizeof(DLManagedTensorVersioned) == 80
-    assert _dlpack._LEGACY.size == ctypes.sizeof(DLManagedTensor) == 64
-    assert _dlpack._block_layout(True, 3)[2] == 80
-    assert _dlpack._block_layout(False, 3)[2] == 64
+    assert _dlpack_c.VERSIONED.size == ctypes.sizeof(DLManagedTensorVersioned) == 80
+    assert _dlpack_c.LEGACY.size == ctypes.sizeof(DLManagedTensor) == 64
+    assert _dlpack_export._block_layout(True, 3)[2] == 80
+    assert _dlpack_export._block_layout(False, 3)[2] == 64
 
 
 def test_export_writes_one_block_with_shape_and_strides():
@@ -347,7 +347,7 @@ def test_one_negative_stride_rule_for_dlpack_and_torch(shape, strides):
     one rule decides both."""
     t = tb.arange(64, dtype=tb.float32).as_strided(shape, strides, 20)
     copied = bool(managed_struct(t.__dlpack__(max_version=(1, 0))).flags)
-    assert copied == _dlpack.has_negative_stride(t.shape, t.stride())
+    assert copied == _dlpack_export.has_negative_stride(t.shape, t.stride())
     assert copied == (
         len(shape)
         and min(shape) > 0

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _capi, _dlpack, _exports
+from tensorbridge import _capi, _dlpack, _dlpack_c, _dlpack_export, _exports
 
 # -------------------------------------------------------------------------------------------------
 # Helpers
@@ -43,13 +43,15 @@ def tensor_facts(t: tb.Tensor) -> tuple[Any, ...]:
 def capsule_path(monkeypatch):
     """Make from_dlpack forget every exchange API: each producer goes through ``__dlpack__``."""
     monkeypatch.setattr(_dlpack, "_PRODUCERS", {})
-    monkeypatch.setattr(_dlpack, "exchange_api", lambda cls: None)
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
 
 
 @pytest.fixture
 def fresh_producers(monkeypatch):
     """An empty per-type cache, so that each test looks its types up again."""
     monkeypatch.setattr(_dlpack, "_PRODUCERS", {})
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
 
 
 class _Header(ctypes.Structure):
@@ -160,16 +162,16 @@ def producer_type(
 def test_exchange_api_is_read_from_the_advertising_type_only(fresh_producers):
     """The type that defines the attribute gets the API; a subclass (maybe another __dlpack__) not."""
     cls = producer_type(_table())
-    assert _dlpack.exchange_api(cls) is not None
-    assert _dlpack.exchange_api(type("Sub", (cls,), {})) is None
-    assert _dlpack.exchange_api(_ExchangeProducer) is None
+    assert _dlpack_c.exchange_api(cls) is not None
+    assert _dlpack_c.exchange_api(type("Sub", (cls,), {})) is None
+    assert _dlpack_c.exchange_api(_ExchangeProducer) is None
 
 
 def test_exchange_api_lookup_is_cached_per_type(fresh_producers, monkeypatch, crafted):
     """The table is read once per type, including "no table" for types without one."""
     looked_up = []
-    real = _dlpack.exchange_api
-    monkeypatch.setattr(_dlpack, "exchange_api", lambda cls: looked_up.append(cls) or real(cls))
+    real = _dlpack_c.exchange_api
+    monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: looked_up.append(cls) or real(cls))
     cls = producer_type(_table())
     for _ in range(3):
         tb.from_dlpack(cls(handed(crafted)))
@@ -202,7 +204,7 @@ def test_unusable_tables_are_ignored(fresh_producers, crafted, case):
             "NULL to_py": lambda: _table(to_py=None),
         }[case]()
         cls = producer_type(table)
-    assert _dlpack.exchange_api(cls) is None
+    assert _dlpack_c.exchange_api(cls) is None
     inner, fallback = handed(crafted), crafted((5.0, 6.0))
     obj = cls(inner, fallback)
     assert tb.from_dlpack(obj).tolist() == [5.0, 6.0]
@@ -375,7 +377,8 @@ def test_torch_fast_path_equals_the_capsule_path(torch, monkeypatch, name):
     cases = _torch_layouts(torch, x)
     fast = {k: _outcome(lambda v=v: tb.from_dlpack(v)) for k, v in cases.items()}
     monkeypatch.setattr(_dlpack, "_PRODUCERS", {})
-    monkeypatch.setattr(_dlpack, "exchange_api", lambda cls: None)
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     slow = {k: _outcome(lambda v=v: tb.from_dlpack(v)) for k, v in cases.items()}
     assert fast == slow
 
@@ -446,7 +449,8 @@ def test_torch_refusals_are_the_capsule_paths(torch, monkeypatch, case):
         x, y = make(), make()
     fast = _outcome(lambda: tb.from_dlpack(x))
     monkeypatch.setattr(_dlpack, "_PRODUCERS", {})
-    monkeypatch.setattr(_dlpack, "exchange_api", lambda cls: None)
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     slow = _outcome(lambda: tb.from_dlpack(y))
     assert fast == slow
     assert isinstance(fast[0], type) and issubclass(fast[0], Exception)
@@ -460,7 +464,8 @@ def test_torch_negative_bit_is_resolved_either_way(torch, monkeypatch):
     assert x.is_neg()
     fast = tb.from_dlpack(x).tolist()
     monkeypatch.setattr(_dlpack, "_PRODUCERS", {})
-    monkeypatch.setattr(_dlpack, "exchange_api", lambda cls: None)
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     assert fast == tb.from_dlpack(x).tolist() == [-2.0, 4.0]
 
 
@@ -527,10 +532,10 @@ def test_torch_export_keeps_requires_grad_and_refusals(torch):
 def test_exchange_export_without_a_table_returns_none(crafted):
     """A class without the API, or device memory, gets None: the caller uses from_dlpack."""
     t = tb.arange(3)
-    assert _dlpack.exchange_export(t, _ExchangeProducer) is None
+    assert _dlpack_export.exchange_export(t, _ExchangeProducer) is None
     torch = pytest.importorskip("torch")
     cuda = tb.from_dlpack(crafted(device=(2, 0), data=0x10000).capsule)
-    assert _dlpack.exchange_export(cuda, torch.Tensor) is None
+    assert _dlpack_export.exchange_export(cuda, torch.Tensor) is None
     assert not _exports._MANAGED or all(
         entry[1] is not cuda for entry in _exports._MANAGED.values()
     )

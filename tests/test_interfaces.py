@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _cuda, _interfaces
+from tensorbridge import _cuda, _interface_export, _interfaces
 from tensorbridge._convert import _dispatch_path
 
 FAKE_CUDA_PTR = 0x7F00_0000_0000  # never mapped on the host: reading it would crash
@@ -233,7 +233,7 @@ def test_array_interface_huge_strides_overflow_in_a_subprocess(subprocess_run):
 def test_array_interface_layout_round_trip(layout):
     """Every layout in the matrix survives export as an interface dict and import through asarray."""
     _, src = layout
-    t = tb.asarray(Exporter(_interfaces.interface_dict(src, src.dtype.typestr), src))
+    t = tb.asarray(Exporter(_interface_export.interface_dict(src, src.dtype.typestr), src))
     assert t.data_ptr() == (src.data_ptr() if src.numel() else 0)  # empty: the spec's NULL pointer
     assert t.tolist() == src.tolist()
     assert tuple(t.shape) == tuple(src.shape)
@@ -268,7 +268,7 @@ def test_array_interface_exported_to_numpy_shares_memory():
     """interface_dict is what NumPy reads: np.asarray over it sees the tensor's memory."""
     np = pytest.importorskip("numpy")
     t = tb.arange(6, dtype=tb.int64).reshape(2, 3)
-    a = np.asarray(Exporter(_interfaces.interface_dict(t, t.dtype.typestr), t))
+    a = np.asarray(Exporter(_interface_export.interface_dict(t, t.dtype.typestr), t))
     assert a.ctypes.data == t.data_ptr()
     a[0, 0] = 42
     assert t[0, 0].item() == 42

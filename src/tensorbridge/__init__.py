@@ -39,28 +39,24 @@ __all__ += ["Size", "Tensor", "equal"]
 
 from ._creation import (
     arange,
-    as_tensor,
     empty,
     empty_like,
     full,
     full_like,
     ones,
     ones_like,
-    tensor,
     zeros,
     zeros_like,
 )
 
 __all__ += [
     "arange",
-    "as_tensor",
     "empty",
     "empty_like",
     "full",
     "full_like",
     "ones",
     "ones_like",
-    "tensor",
     "zeros",
     "zeros_like",
 ]
@@ -79,10 +75,10 @@ from ._file import from_file
 
 __all__ += ["from_file", "frombuffer"]
 
-from ._convert import asarray, from_pointer
-from ._interfaces import to_torch
+from ._convert import as_tensor, asarray, from_pointer, tensor
+from ._peers import to_torch
 
-__all__ += ["asarray", "from_pointer", "to_torch"]
+__all__ += ["as_tensor", "asarray", "from_pointer", "tensor", "to_torch"]
 
 from . import utils
 

@@ -10,7 +10,15 @@ from typing import Any
 
 from ._errors import short_repr
 
-__all__ = ["GRAD_MSG", "GRAD_MSG_CREATE", "GRAD_MSG_METHOD", "as_bool", "as_copy", "as_int"]
+__all__ = [
+    "GRAD_MSG",
+    "GRAD_MSG_CREATE",
+    "GRAD_MSG_EXPORT",
+    "GRAD_MSG_METHOD",
+    "as_bool",
+    "as_copy",
+    "as_int",
+]
 
 # PyTorch words this error three ways, by entry point; each is kept verbatim.
 GRAD_MSG = "only Tensors of floating point and complex dtype can require gradients"  # t.requires_grad = True
@@ -18,6 +26,8 @@ GRAD_MSG_METHOD = "only Tensors of floating point dtype can require gradients"  
 GRAD_MSG_CREATE = (
     "Only Tensors of floating point and complex dtype can require gradients"  # tensor(...)
 )
+# PyTorch's words when a tensor that requires gradients is handed to DLPack.
+GRAD_MSG_EXPORT = "Can't export tensors that require gradient, use tensor.detach()"
 
 
 def as_int(value: object, api: str, what: str, *, argument: bool = False) -> int:

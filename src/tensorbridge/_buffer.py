@@ -1,4 +1,4 @@
-"""The buffer protocol in both directions, and the pickling and shared memory built on it.
+"""Buffer-protocol import (`frombuffer`), and the pickling and shared memory built on buffers.
 
 Import, `frombuffer`: any object that exports a C-contiguous buffer (bytes, bytearray, memoryview,
 array.array, mmap, ctypes objects, shared memory, ``pickle.PickleBuffer``, NumPy arrays, any C
@@ -7,9 +7,7 @@ extension) becomes a 1-D tensor over the same bytes. Unlike PyTorch, which relea
 the exporter refuses to resize, close or release its memory while a tensor can still read it.
 Read-only exporters give read-only tensors, where PyTorch warns and hands out a writable tensor.
 
-Export: `buffer_export` backs ``Tensor.__buffer__`` (PEP 688: ``memoryview(t)`` on Python 3.12+)
-and ``Tensor.as_memoryview()``. (``Tensor.__array_interface__``, which lets ``numpy.asarray(t)``
-share memory on every Python version, is `_interfaces.array_interface`, re-exported here.)
+Export (``memoryview(t)``, ``as_memoryview()``) is `_buffer_export`, below `Tensor`.
 
 Pickling, `reduce_tensor`: protocol 5 hands the bytes over as a ``pickle.PickleBuffer`` (out of
 band with ``buffer_callback``: no copy at all), older protocols as ``bytes``.
@@ -29,11 +27,11 @@ import pickle
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _capi, _exports
+from . import _capi
 from ._args import GRAD_MSG_CREATE, as_bool, as_int
+from ._buffer_export import host_memoryview
 from ._device import CPU
 from ._dtype import BY_NAME, DType, as_dtype, uint8
-from ._interfaces import array_interface
 from ._layout import contiguous_strides, extent
 from ._storage import BufferStorage, Refusal, Storage, allocate, hold_buffer, locate
 from ._tensor import Tensor
@@ -41,7 +39,7 @@ from ._tensor import Tensor
 if TYPE_CHECKING:
     from multiprocessing.shared_memory import SharedMemory
 
-__all__ = ["array_interface", "buffer_export", "frombuffer", "reduce_tensor", "share_memory"]
+__all__ = ["frombuffer", "reduce_tensor", "share_memory"]
 
 # A simple request (no shape, no strides) is C-contiguous by definition: the exporter hands over
 # `len` contiguous bytes or fails. PyTorch and NumPy ask exactly this, writable first.
@@ -200,120 +198,6 @@ def _too_long(count: int, offset: int, length: int, r: Refusal) -> ValueError:
 
 
 # -------------------------------------------------------------------------------------------------
-# Export: memoryview (PEP 688)
-
-# Every format handed to PyMemoryView_FromBuffer is a dtype's ``buffer_format``: a memoryview keeps
-# only a pointer to the characters, and the interned dtypes keep those bytes objects alive as long
-# as the interpreter. Dtypes without a PEP 3118 format (bfloat16, float8_*, float4_e2m1fn_x2,
-# complex32) export their raw bits as unsigned integers of the same size, to consumers that did not
-# ask for the format.
-_BYTE_FORMAT: Final = uint8.buffer_format
-
-# PyMemoryView_FromBuffer refuses NULL: a view of zero bytes needs some valid address.
-_EMPTY: Final = ctypes.c_char()
-
-
-def _host_memoryview(
-    ptr: int, fmt: bytes, itemsize: int, shape: tuple[int, ...], *, readonly: bool, owner: object
-) -> memoryview:
-    """A C-contiguous memoryview of host memory at ``ptr`` that keeps ``owner`` alive.
-
-    ``PyMemoryView_FromBuffer`` builds a view with any format and shape (``Zf``, ``e``, shapes
-    with zeros: ``memoryview.cast`` makes none of them) but owns nothing. So the view it returns
-    stays private (``inner``, held with ``owner`` in the export registry, `_exports`), and the
-    view handed out is a new buffer export of ``inner``: ``pickle.PickleBuffer`` re-exports it,
-    where ``memoryview(inner)`` would share inner's unowned buffer manager instead. Every slice,
-    cast or re-export of the result shares a manager that holds an export of ``inner``, so
-    ``owner`` lives at least as long as the last of them.
-    """
-    ndim = len(shape)
-    nbytes = itemsize
-    for n in shape:
-        nbytes *= n
-    view = _capi.Py_buffer()
-    view.buf = ptr or ctypes.addressof(_EMPTY)
-    view.len = nbytes
-    view.itemsize = itemsize
-    view.readonly = readonly
-    view.ndim = ndim
-    view.format = fmt
-    shape_array = (ctypes.c_ssize_t * ndim)(*shape)
-    strides_array = (ctypes.c_ssize_t * ndim)(*(s * itemsize for s in contiguous_strides(shape)))
-    view.shape = shape_array
-    view.strides = strides_array
-    inner = _capi.PyMemoryView_FromBuffer(view)
-    outer = memoryview(pickle.PickleBuffer(inner))
-    # Registered only now that `outer` exports `inner`: a reap (any garbage collection, on any
-    # thread) may release every registered inner view that nothing exports. `inner` copied shape
-    # and strides; keeping the arrays as well means no pointer left in its manager can dangle.
-    _exports.hold_view(inner, (owner, shape_array, strides_array), outer)
-    return outer
-
-
-def buffer_export(t: Tensor, flags: int) -> memoryview:
-    """A memoryview of a contiguous host tensor: ``Tensor.__buffer__`` and ``as_memoryview()``.
-
-    The view has the tensor's shape and, when the dtype has a PEP 3118 format, that format
-    (``'f'``, ``'e'``, ``'?'``, ``'Zf'`` ...). Dtypes without one (bfloat16, float8_*,
-    float4_e2m1fn_x2, complex32) export their raw bits as unsigned integers of the same size
-    (``'B'``, ``'H'``, ``'I'``), but only when the consumer did not ask for the format
-    (``as_memoryview()``, hashlib, ``file.write``): a consumer that requests ``PyBUF_FORMAT``
-    (``memoryview(t)``, NumPy) would misread them, so it gets ``BufferError`` (and NumPy moves on
-    to ``__array_interface__``).
-
-    The memoryview shares the memory and keeps it alive by itself, after the tensor is gone too.
-    It is read-only when the tensor is.
-
-    Args:
-        t: the tensor.
-        flags: the consumer's ``PyBUF_*`` request flags (0 from ``as_memoryview()``).
-
-    Raises:
-        BufferError: the memory is not on the host, the tensor is not C-contiguous, a writable
-            buffer was requested of a read-only tensor, or the format was requested for a dtype
-            that has none.
-    """
-    api = "__buffer__"
-    storage = t._storage
-    if not storage.device.is_host_accessible:
-        msg = (
-            f"{api}(): the tensor's memory is on {storage.device} and cannot be exported as a "
-            f"host buffer; export it with __dlpack__() to a library for {storage.device.type}."
-        )
-        raise BufferError(msg)
-    if flags & _capi.PY_BUF_WRITABLE and storage.readonly:
-        msg = (
-            f"{api}(): a writable buffer was requested (flags=0x{flags:x}) but the tensor is "
-            f"read-only. Request a read-only buffer, or export a clone()."
-        )
-        raise BufferError(msg)
-    if not t.is_contiguous():
-        msg = (
-            f"{api}(): the tensor is not C-contiguous (shape {list(t._shape)}, strides "
-            f"{list(t._strides)} in elements), so it has no single buffer. Call contiguous() "
-            f"first (which copies)."
-        )
-        raise BufferError(msg)
-    dtype = t._dtype
-    fmt = dtype.buffer_format
-    if dtype.format is None and flags & _capi.PY_BUF_FORMAT:
-        msg = (
-            f"{api}(): the buffer protocol has no format for {dtype}, and this consumer "
-            f"asked for the element format. Use as_memoryview() for the raw bits (format "
-            f"{fmt.decode()!r}), or view the tensor as an integer dtype of the same size."
-        )
-        raise BufferError(msg)
-    return _host_memoryview(
-        t.data_ptr(),
-        fmt,
-        dtype.itemsize,
-        tuple(t._shape),
-        readonly=storage.readonly,
-        owner=storage.owner,
-    )
-
-
-# -------------------------------------------------------------------------------------------------
 # Pickling
 
 
@@ -366,9 +250,9 @@ def _pickled_bytes(t: Tensor) -> tuple[memoryview | bytearray, int, tuple[int, .
         return bytearray(), 0, t._strides  # no elements, no bytes: any strides fit
     low, high = span
     if high - low + 1 <= t.numel():
-        view = _host_memoryview(
+        view = host_memoryview(
             storage.ptr + low * itemsize,
-            _BYTE_FORMAT,
+            uint8.buffer_format,
             1,
             ((high - low + 1) * itemsize,),
             readonly=storage.readonly,

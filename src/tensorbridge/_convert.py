@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from typing import Any, Final
 
-from . import _capi, _creation, _dlpack, _interfaces, _layout
+from . import _capi, _creation, _dlpack, _interfaces, _layout, _tensor
 from ._args import as_copy, as_int
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype, from_format
@@ -40,7 +41,7 @@ from ._errors import short_repr
 from ._storage import hold_buffer
 from ._tensor import Tensor
 
-__all__ = ["asarray", "from_pointer", "is_protocol_object"]
+__all__ = ["as_tensor", "asarray", "from_pointer", "is_protocol_object", "tensor"]
 
 _TENSOR: Final = "tensor"
 _CAPSULE: Final = "dlpack_capsule"
@@ -393,7 +394,7 @@ def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, a
         if copy is False:
             msg = f"{api}(): can't alias arbitrary sequence into a tensor. Pass copy=None or copy=True."
             raise ValueError(msg)
-        return _creation._from_data(obj, dtype, want, requires_grad, api)
+        return _creation.from_data(obj, dtype, want, requires_grad, api)
     else:
         t, copied = _import(path, obj, found, device=want, copy=copy, dtype=dtype, api=api)
     if dtype is None and want is None and not copy and requires_grad is False:
@@ -489,3 +490,44 @@ def from_pointer(
         api=api,
         nbytes=extent,
     )
+
+
+# ---------------------------------------------------------------------------------------------- tensor
+def tensor(
+    data: Any, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
+    """A new tensor holding a copy of ``data`` (nested sequences, scalars, or any object with memory).
+
+    dtype inference follows PyTorch: bools -> bool, ints -> int64, floats -> float32, complex -> complex64,
+    tensors and NumPy scalars keep their dtype, and the leaves promote as ``torch.promote_types`` does.
+    Objects with ``__dlpack__``, a buffer or an array interface are copied through `asarray`.
+
+    Example:
+        >>> tensor([[1, 2], [3, 4]])
+        tensor([[1, 2],
+                [3, 4]])
+    """
+    return _copy_of(data, dtype, device, requires_grad, "tensor")
+
+
+def _copy_of(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str) -> Tensor:
+    """`tensor`, with errors naming ``api``: objects with memory through `convert`, the rest by value."""
+    if (
+        not isinstance(data, (Tensor, Sequence, numbers.Number))
+        and not _creation.is_numpy_scalar(data)
+        and is_protocol_object(data)
+    ):
+        return convert(data, dtype, device, True, requires_grad, api)
+    return _creation.from_data(data, dtype, device, requires_grad, api)
+
+
+def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tensor:
+    """`asarray` without ``copy``: shares memory when possible (PyTorch's ``as_tensor``)."""
+    return asarray(data, dtype=dtype, device=device)
+
+
+def _convert_value(value: Any, dtype: DType | None, api: str) -> Tensor:
+    return _copy_of(value, dtype, None, False, api)
+
+
+_tensor.set_converter(_convert_value)

@@ -26,11 +26,12 @@ __all__ = [
     "arange",
     "empty",
     "empty_like",
+    "from_data",
     "full",
     "full_like",
+    "is_numpy_scalar",
     "ones",
     "ones_like",
-    "tensor",
     "zeros",
     "zeros_like",
 ]
@@ -90,7 +91,7 @@ def _flatten(
         return data._values(api), tuple(data.shape), data.dtype
     if isinstance(data, (str, bytes)) or not isinstance(data, Sequence):
         if hasattr(data, "tolist") and not isinstance(data, numbers.Number):
-            if _is_numpy_scalar(data):  # a number: `_check_values` converts it for the dtype
+            if is_numpy_scalar(data):  # a number: `_check_values` converts it for the dtype
                 return [data], (), _foreign_dtype(data) or _DEFAULT_FOR_KIND["b"]
             values, shape, inferred = _flatten(data.tolist(), api, depth)
             return values, shape, _foreign_dtype(data) or inferred
@@ -183,11 +184,11 @@ def _check_values(values: list[Any], dtype: DType, api: str) -> list[Any]:
 
 def _is_bool(value: Any) -> bool:
     return isinstance(value, builtins.bool) or (
-        _is_numpy_scalar(value) and type(value).__name__ == "bool"
+        is_numpy_scalar(value) and type(value).__name__ == "bool"
     )
 
 
-def _is_numpy_scalar(value: Any) -> bool:
+def is_numpy_scalar(value: Any) -> bool:
     """A NumPy scalar (np.bool_, np.float32, ...): a number to convert, not an array to copy."""
     return type(value).__module__ == "numpy" and not hasattr(value, "__len__")
 
@@ -243,34 +244,15 @@ def _grad(t: Tensor, requires_grad: bool, api: str) -> Tensor:
     return t._set_requires_grad(True, api, GRAD_MSG_CREATE) if requires_grad else t
 
 
-def tensor(
-    data: Any, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
-) -> Tensor:
-    """A new tensor holding a copy of ``data`` (nested sequences, scalars, or any object with memory).
+def from_data(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str) -> Tensor:
+    """A new tensor holding the values of nested sequences, scalars and tensors (a copy).
 
-    dtype inference follows PyTorch: bools -> bool, ints -> int64, floats -> float32, complex -> complex64,
-    tensors and NumPy scalars keep their dtype, and the leaves promote as ``torch.promote_types`` does.
-    Objects with ``__dlpack__``, a buffer or an array interface are copied through `asarray`.
-
-    Example:
-        >>> tensor([[1, 2], [3, 4]])
-        tensor([[1, 2],
-                [3, 4]])
+    The core of `tensor` and of `asarray`'s copy of sequences; errors name ``api``. Objects that
+    hold memory (``__dlpack__``, buffers, array interfaces) are `asarray`'s to import first.
     """
-    return _from_data(data, dtype, device, requires_grad, "tensor")
-
-
-def _from_data(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str) -> Tensor:
-    """`tensor`, with errors naming ``api`` (also `asarray`'s copy of sequences and scalars)."""
     if dtype is not None:
         dtype = as_dtype(dtype, api)
     dev = _result_device(device, api)
-    if (
-        not isinstance(data, (Tensor, Sequence, numbers.Number))
-        and not _is_numpy_scalar(data)
-        and _convert.is_protocol_object(data)
-    ):
-        return _convert.convert(data, dtype, device, True, requires_grad, api)
     values, shape, inferred = _flatten(data, api)
     target = dtype or inferred or _dtype.float32
     if len(shape) > _layout.MAX_NDIM:
@@ -278,11 +260,6 @@ def _from_data(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str
         raise ValueError(msg)
     values = _check_values(values, target, api)
     return _grad(_from_bytes(_codec.pack(target, values), shape, target, dev), requires_grad, api)
-
-
-def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tensor:
-    """`asarray` without ``copy``: shares memory when possible (PyTorch's ``as_tensor``)."""
-    return _convert.asarray(data, dtype=dtype, device=device)
 
 
 def _storage_for(shape: tuple[int, ...], dtype: DType, device: Device, api: str) -> Any:
@@ -532,6 +509,3 @@ def _arange_values(start: Any, end: Any, step: Any, dtype: DType) -> Sequence[An
         return range(istart, iend, istep)
     length = math.ceil((builtins.float(end) - builtins.float(start)) / builtins.float(step))
     return range(istart, istart + length * istep, istep) if istep else [istart] * length
-
-
-from . import _convert  # noqa: E402  (asarray dispatcher; it imports tensor from here)

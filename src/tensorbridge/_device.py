@@ -6,7 +6,7 @@ import builtins
 import enum
 from typing import Any, Final
 
-__all__ = ["DLDeviceType", "Device", "device"]
+__all__ = ["ADDRESSABLE_TYPES", "HOST_TYPES", "DLDeviceType", "Device", "device"]
 
 
 class DLDeviceType(enum.IntEnum):
@@ -29,6 +29,25 @@ class DLDeviceType(enum.IntEnum):
     kDLMAIA = 17
     kDLTrn = 18
 
+
+# Device types whose memory the host reads directly (DLPack producers get no ``stream`` for them).
+HOST_TYPES: Final = frozenset(
+    int(d)
+    for d in (
+        DLDeviceType.kDLCPU,
+        DLDeviceType.kDLCUDAHost,
+        DLDeviceType.kDLROCMHost,
+        DLDeviceType.kDLCUDAManaged,
+    )
+)
+# Device types whose pointers are addresses in a linear address space, so that ``data + offset``
+# is the first element. Elsewhere (OpenCL ``cl_mem``, Metal ``MTLBuffer``, Vulkan, WebGPU, ...)
+# a pointer may be an opaque handle: an offset cannot be added to it (pytorch/pytorch#168193).
+ADDRESSABLE_TYPES: Final = HOST_TYPES | {
+    int(DLDeviceType.kDLCUDA),
+    int(DLDeviceType.kDLROCM),
+    int(DLDeviceType.kDLOneAPI),
+}
 
 # tensorbridge device-type names, one per DLPack device type. Device types that PyTorch names
 # differently are accepted under PyTorch's name too (_ALIASES).

@@ -11,6 +11,7 @@ __all__ = [
     "DLPACK_FLAG_BITMASK_READ_ONLY",
     "DLPACK_MAJOR_VERSION",
     "DLPACK_MINOR_VERSION",
+    "DLPACK_VERSION",
     "DLDataType",
     "DLDevice",
     "DLManagedTensor",
@@ -22,6 +23,7 @@ __all__ = [
 # The version tensorbridge implements and reports on export (dlpack.h v1.3).
 DLPACK_MAJOR_VERSION: Final = 1
 DLPACK_MINOR_VERSION: Final = 3
+DLPACK_VERSION: Final = (DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION)
 
 DLPACK_FLAG_BITMASK_READ_ONLY: Final = 1 << 0
 DLPACK_FLAG_BITMASK_IS_COPIED: Final = 1 << 1

@@ -17,19 +17,32 @@ import operator
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, SupportsIndex
 
-__all__ = ["Advanced", "BasicView", "check_bounds", "parse_index"]
+__all__ = [
+    "INDEX_DTYPES",
+    "UINT8_INDEX_WARNING",
+    "Advanced",
+    "BasicView",
+    "IndexArray",
+    "check_bounds",
+    "parse_index",
+    "warn",
+]
 
 # PyTorch 2.13's words (aten/src/ATen/native/IndexingUtils.h), kept verbatim so that warning
 # filters written for PyTorch match.
 UINT8_INDEX_WARNING = (
     "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
 )
-_INDEX_DTYPES = frozenset({"int64", "int32", "uint8", "bool"})
+INDEX_DTYPES = frozenset({"int64", "int32", "uint8", "bool"})
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+# What `parse_index` asks of its caller for index arrays (see there).
+IndexArray = Callable[[Any, str], "tuple[list[Any], tuple[int, ...], str] | None"]
 
 
 @dataclass(frozen=True)
@@ -59,59 +72,7 @@ class BasicView:
     single_mask: bool = False
 
 
-def _index_array(item: Any, api: str) -> tuple[list[Any], tuple[int, ...], str] | None:
-    """Flatten an index array (a Tensor, a list, anything with ``tolist``) to (values, shape, kind).
-
-    ``kind`` is ``"b"`` for a mask (bool, or uint8 as PyTorch reads it) and ``"i"`` for indices.
-    """
-    from ._tensor import Tensor  # local: _tensor imports this module
-
-    if isinstance(item, Tensor):
-        dtype = item.dtype
-        # PyTorch 2.13: index tensors of one or more dims must be int64, int32, uint8 (a mask) or
-        # bool; a 0-d one may be of any integer type (it selects) or bool/uint8 (a bool index).
-        allowed = dtype.kind in "biu" if item.ndim == 0 else dtype.name in _INDEX_DTYPES
-        if not allowed:
-            msg = (
-                f"{api}(): tensors used as indices must be long, int, byte or bool tensors; "
-                f"got a {item.ndim}-d tensor of dtype {dtype}."
-            )
-            raise IndexError(msg)
-        flat = item.reshape(-1).tolist()
-        if dtype.name == "uint8":
-            if item.ndim:  # a 0-d uint8 tensor is a bool, without the warning, as in PyTorch
-                _warn(UINT8_INDEX_WARNING)
-            return [v != 0 for v in flat], tuple(item.shape), "b"
-        return flat, tuple(item.shape), "b" if dtype.kind == "b" else "i"
-    if isinstance(item, list):
-        from ._creation import tensor
-
-        try:
-            t = tensor(item)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            msg = f"{api}(): invalid index {item!r}; index lists must hold ints or bools."
-            raise IndexError(msg) from exc
-        if t.numel() == 0 and t.dtype.kind == "f":
-            return [], tuple(t.shape), "i"  # [] indexes nothing, as in PyTorch
-        return _index_array(t, api)
-    if (hasattr(item, "__array_interface__") or hasattr(item, "__dlpack__")) and hasattr(
-        item, "__len__"
-    ):
-        # Keep the producer's dtype: a NumPy or PyTorch uint8 array is a mask, as in PyTorch.
-        # Arrays have __len__; NumPy scalars other than integers (np.bool_, np.float64) do not,
-        # and PyTorch refuses them as indices.
-        from ._creation import tensor
-
-        try:
-            t = tensor(item)
-        except (TypeError, ValueError, BufferError) as exc:
-            msg = f"{api}(): invalid index {item!r}; index arrays must hold ints or bools."
-            raise IndexError(msg) from exc
-        return _index_array(t, api)
-    return None
-
-
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     """Warn with ``message`` (UserWarning, as PyTorch), attributed to the caller's own code."""
     frame = sys._getframe(1)
     level = 2  # stacklevel 1 is this function, 2 its caller
@@ -121,7 +82,7 @@ def _warn(message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=level)
 
 
-def _normalize(key: Any, api: str) -> list[Any]:
+def _normalize(key: Any, api: str, index_array: IndexArray) -> list[Any]:
     """Each subscript item as an int, slice, None, Ellipsis, bool, or an ("int"|"mask", values, shape)."""
     items = key if isinstance(key, tuple) else (key,)
     expanded: list[Any] = []
@@ -134,7 +95,7 @@ def _normalize(key: Any, api: str) -> list[Any]:
             # Ints and integer scalars (NumPy's np.int64, ...: no __len__, unlike any array).
             expanded.append(_scalar_index(item, api))
         else:
-            arr = _index_array(item, api)
+            arr = index_array(item, api)
             if arr is None:
                 msg = (
                     f"{api}(): only integers, slices (`:`), ellipsis (`...`), None and long or "
@@ -182,10 +143,15 @@ def _count_consumed(expanded: list[Any], ndim: int, api: str) -> int:
 
 
 def parse_index(
-    key: Any, shape: Sequence[int], strides: Sequence[int], api: str = "__getitem__"
+    key: Any, shape: Sequence[int], strides: Sequence[int], api: str, index_array: IndexArray
 ) -> BasicView:
-    """Apply ``key`` to a layout; advanced entries keep their dim and are returned for the caller."""
-    expanded = _normalize(key, api)
+    """Apply ``key`` to a layout; advanced entries keep their dim and are returned for the caller.
+
+    ``index_array(item, api)`` flattens an item that is neither an int, a slice, None, Ellipsis nor
+    a bool (a list, a tensor, an array) to ``(values, shape, kind)`` (``kind`` ``"b"`` for a mask,
+    ``"i"`` for indices), or None when it is no index array: reading arrays is the tensor's part.
+    """
+    expanded = _normalize(key, api, index_array)
 
     consumed = _count_consumed(expanded, len(shape), api)
 

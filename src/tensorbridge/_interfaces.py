@@ -1,8 +1,8 @@
 """Array interfaces and Arrow: ``__array_interface__``, ``__cuda_array_interface__`` v3, Arrow PyCapsules.
 
 Import turns each protocol's metadata into a `Tensor` over the producer's memory (`wrap_memory` does the
-checks every raw-pointer import shares); export builds the interface dictionaries; `to_numpy`,
-`to_torch` and `to_jax` hand tensors to the peers.
+checks every raw-pointer import shares). Export is `_interface_export` (the dictionaries) and `_peers`
+(``numpy()``, ``torch()``, ``jax()``), both below `Tensor`.
 
 Who owns what:
 
@@ -24,11 +24,10 @@ tensor is built. Without a driver the import is refused with `BufferError`: neve
 from __future__ import annotations
 
 import ctypes
-import importlib
 import sys
 from typing import Any, Final, NamedTuple
 
-from . import _capi, _cuda, _dlpack, _dtype, _layout
+from . import _capi, _cuda, _dtype, _layout
 from ._args import as_int
 from ._device import CPU, Device
 from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
@@ -40,16 +39,10 @@ __all__ = [
     "ArrowArray",
     "ArrowArrayStream",
     "ArrowSchema",
-    "array_interface",
-    "cuda_array_interface",
     "import_array_interface",
     "import_arrow_array",
     "import_arrow_stream",
     "import_cuda_array_interface",
-    "interface_dict",
-    "to_jax",
-    "to_numpy",
-    "to_torch",
     "wrap_memory",
 ]
 
@@ -382,95 +375,6 @@ def _cai_stream(stream: object, api: str) -> int | None:
     return value
 
 
-_CAI_EXPORT_STREAM: Final = 1  # the legacy default stream (see cuda_array_interface)
-
-
-# ---------------------------------------------------------------------------------------------- export
-# The data pointer ``__array_interface__`` gives for a tensor without elements: a valid, 64-byte
-# aligned address (NumPy before 2.4 refuses NULL there, "setting an array element with a
-# sequence"). Nothing is ever read or written through it: the array has no elements.
-_EMPTY_BLOCK: Final = ctypes.create_string_buffer(128)
-EMPTY_DATA: Final = -(-ctypes.addressof(_EMPTY_BLOCK) // 64) * 64
-
-
-def interface_dict(t: Tensor, typestr: str, empty_data: int = 0) -> dict[str, Any]:
-    """The fields ``__array_interface__`` and ``__cuda_array_interface__`` share (version 3).
-
-    ``data`` is ``(pointer to element [0, ..., 0], read-only flag)``; for a tensor without elements
-    the pointer is ``empty_data``: 0 for the CUDA interface (its specification asks for 0), a valid
-    host address (`EMPTY_DATA`) for NumPy's. ``strides`` is None for C-contiguous tensors (both
-    specs' preferred form) and byte strides otherwise. ``descr`` is left out: it is optional in
-    both, and would only restate ``typestr``.
-    """
-    itemsize = t._dtype.itemsize
-    return {
-        "version": 3,
-        "shape": tuple(t._shape),
-        "typestr": typestr,
-        "data": (t.data_ptr() if t.numel() else empty_data, t._storage.readonly),
-        "strides": None if t.is_contiguous() else tuple(s * itemsize for s in t._strides),
-    }
-
-
-def array_interface(t: Tensor) -> dict[str, Any]:
-    """``Tensor.__array_interface__``: NumPy's array interface (version 3) of a host tensor.
-
-    ``numpy.asarray(t)`` then shares the memory without copying: NumPy keeps a reference to ``t`` (the
-    array's ``base``), which keeps the memory alive. ``data`` carries the read-only flag, so the array
-    of a read-only tensor is read-only.
-
-    Raises:
-        AttributeError: the memory is not on the host, or NumPy has no typestr for the dtype
-            (bfloat16, float8, ...). AttributeError makes ``hasattr(t, "__array_interface__")``
-            False, so NumPy goes on to its other protocols.
-    """
-    storage = t._storage
-    typestr = t._dtype.typestr
-    if typestr is None or not storage.device.is_host_accessible:
-        reason = (
-            f"NumPy has no typestr for {t._dtype}"
-            if typestr is None
-            else f"the memory is on {storage.device}, not on the host"
-        )
-        msg = f"__array_interface__: not available, {reason}; use __dlpack__() instead."
-        raise AttributeError(msg)
-    return interface_dict(t, typestr, EMPTY_DATA)
-
-
-def cuda_array_interface(t: Tensor) -> dict[str, Any]:
-    """``Tensor.__cuda_array_interface__``: the CUDA Array Interface v3 of a CUDA tensor.
-
-    CPU tensors raise `AttributeError` (so ``hasattr`` is False), as PyTorch's do. ``stream`` is 1, the
-    legacy default stream: tensorbridge enqueues no work of its own, and CUDA memory it imports is ready
-    on that stream (DLPack imports ask producers for ``stream=1``; CUDA Array Interface imports are
-    synchronised on the host), so a consumer on another stream must order itself after it. The
-    consumer shares the memory; the tensor must outlive the consumer's use of the pointer.
-    """
-    device = t._storage.device
-    if device.type != "cuda":
-        msg = (
-            f"Can't get __cuda_array_interface__ on non-CUDA tensor type: the tensor is on {device}. "
-            f"Use __dlpack__ or __array_interface__ for host memory."
-        )
-        raise AttributeError(msg)
-    if t.requires_grad:
-        msg = (
-            "Can't get __cuda_array_interface__ on Variable that requires grad. If gradients aren't "
-            "required, use var.detach() to get Variable that doesn't require grad."
-        )
-        raise RuntimeError(msg)
-    typestr = t.dtype.typestr
-    if typestr is None:
-        msg = (
-            f"__cuda_array_interface__: {t.dtype} has no array-interface typestr; "
-            f"export it through __dlpack__ instead."
-        )
-        raise AttributeError(msg)
-    iface = interface_dict(t, typestr)
-    iface["stream"] = _CAI_EXPORT_STREAM
-    return iface
-
-
 # ---------------------------------------------------------------------------------------------- Arrow
 class ArrowSchema(ctypes.Structure):
     """``struct ArrowSchema`` (Arrow C data interface)."""
@@ -743,173 +647,3 @@ def import_arrow_stream(method: Any, copy: bool | None, api: str) -> tuple[Tenso
     joined = b"".join(p._bytes(api) for p in parts)
     result_dtype = dtype or _dtype.bool
     return _from_bytes(joined, (len(joined) // result_dtype.itemsize,), result_dtype), True
-
-
-# ---------------------------------------------------------------------------------------------- peers
-def _peer(module: str, api: str) -> Any:
-    """Import a peer library lazily, with an error that names what to install."""
-    loaded = sys.modules.get(module)
-    if loaded is not None:
-        return loaded  # already imported: skip the import machinery on every conversion
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        package = module.partition(".")[0]
-        msg = f"{api}(): needs {package}, which is not installed; pip install {package}."
-        raise ImportError(msg) from exc
-
-
-class _NumPyExport:
-    """What ``numpy.asarray`` receives: the interface, and the tensor that keeps the memory alive."""
-
-    __slots__ = ("__array_interface__", "tensor")
-
-    def __init__(self, t: Tensor, typestr: str) -> None:
-        self.tensor = t
-        self.__array_interface__ = interface_dict(t, typestr, EMPTY_DATA)
-
-
-def to_numpy(t: Tensor, *, force: bool = False, api: str = "numpy") -> Any:
-    """``Tensor.numpy()``: a NumPy array sharing the tensor's memory (PyTorch's ``Tensor.numpy``).
-
-    The array keeps the tensor (and so its memory) alive; a read-only tensor gives a read-only array.
-    bfloat16, complex32 and the float8 types become ml_dtypes arrays (``ml_dtypes`` must be installed).
-    As in PyTorch, a tensor that requires grad is refused unless ``force=True``, which detaches it; the
-    memory is still shared, because NumPy represents every host layout tensorbridge has (negative and
-    zero strides, read-only). Device memory cannot be converted: tensorbridge never copies it to the host.
-    """
-    np = _peer("numpy", api)
-    if t.requires_grad and not force:
-        msg = (
-            "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
-        )
-        raise RuntimeError(msg)
-    device = t._storage.device
-    if not device.is_host_accessible:
-        msg = (
-            f"{api}(): can't convert {device} device type tensor to numpy; its memory is not "
-            f"host-accessible and tensorbridge does not copy between devices. Export it with "
-            f"__dlpack__ to a library for {device.type}."
-        )
-        raise TypeError(msg)
-    dtype = t.dtype
-    if dtype.typestr is not None:
-        return np.asarray(_NumPyExport(t, dtype.typestr))
-    if dtype.ml_dtypes is None or dtype.raw_typestr is None:
-        msg = (
-            f"{api}(): NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw bytes "
-            f"with t.view(tensorbridge.uint8).numpy()."
-        )
-        raise TypeError(msg)
-    try:
-        import ml_dtypes
-    except ImportError:
-        msg = (
-            f"{api}(): NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes) to "
-            f"convert it, or view the raw bits with t.view(tensorbridge.uint{dtype.bits}).numpy()."
-        )
-        raise TypeError(msg) from None
-    ml_type = getattr(ml_dtypes, dtype.ml_dtypes, None)
-    if ml_type is None:  # older ml_dtypes lack the newer types (0.5 has no complex32)
-        version = getattr(ml_dtypes, "__version__", "?")
-        msg = (
-            f"{api}(): NumPy has no {dtype.name} dtype, and the installed ml_dtypes {version} has "
-            f"none either; upgrade ml_dtypes (pip install -U ml_dtypes), or view the raw bits with "
-            f"t.view(tensorbridge.uint{dtype.bits}).numpy()."
-        )
-        raise TypeError(msg)
-    raw = np.asarray(_NumPyExport(t, dtype.raw_typestr))
-    return raw.view(ml_type)
-
-
-def numpy_array(t: Tensor, dtype: Any = None, copy: Any = None) -> Any:
-    """``Tensor.__array__``: what ``numpy.asarray(t)`` gets where ``__array_interface__`` cannot serve.
-
-    NumPy asks ``__array_interface__`` first, which has no typestr for bfloat16, complex32 and the
-    float8 types and refuses device memory; without ``__array__`` NumPy would then fall back to
-    ``__len__``/``__getitem__`` and build an object array of 0-d tensors. Here those dtypes become
-    ml_dtypes arrays sharing the memory, as in `to_numpy`; without ml_dtypes, and for device memory
-    and float4_e2m1fn_x2, a `TypeError` names what is missing. A tensor that requires grad is
-    refused with PyTorch's `RuntimeError`, as ``torch.Tensor.__array__`` does.
-
-    Args:
-        t: the tensor.
-        dtype: NumPy's requested dtype, if any: a converting copy when it differs.
-        copy: NumPy 2's ``copy``: True copies; False refuses a conversion (`ValueError`).
-    """
-    np = _peer("numpy", "__array__")
-    array = to_numpy(t, api="__array__")
-    if dtype is not None and array.dtype != np.dtype(dtype):
-        if copy is False:
-            msg = (
-                f"__array__(): converting {t.dtype} to NumPy dtype {np.dtype(dtype)} needs a copy, "
-                f"and copy=False forbids it. Pass copy=None, or convert with Tensor.to() first."
-            )
-            raise ValueError(msg)
-        return array.astype(dtype)
-    return array.copy() if copy else array
-
-
-def _for_torch(t: Tensor) -> Tensor:
-    """A detached view of ``t`` whose irrelevant negative strides (size-1 dims, empty tensors) are
-    positive: they address nothing, and PyTorch aborts on any negative stride."""
-    t = _dlpack.with_idle_strides_positive(t)
-    return Tensor._make(t._storage, t._offset, t._shape, t._strides, t._dtype)
-
-
-def to_torch(t: Tensor, *, force: bool = False) -> Any:
-    """``Tensor.torch()``: a ``torch.Tensor`` sharing this memory, keeping ``requires_grad``.
-
-    Zero-copy, through PyTorch's C exchange API when it has one (``Tensor.__dlpack_c_exchange_api__``,
-    no capsule), else ``torch.from_dlpack``; the torch tensor keeps this memory alive. PyTorch cannot
-    represent two things tensorbridge can, and sharing them would be silently wrong, so both are a
-    `BufferError` unless ``force=True``, which hands PyTorch a private copy instead:
-
-    * read-only memory: PyTorch has no read-only tensors and would write through;
-    * negative strides: PyTorch has none, and ``torch.from_dlpack`` aborts on them (pytorch/pytorch#188023).
-    """
-    torch = _peer("torch", "torch")
-    strides = t._strides
-    negative = len(strides) > 0 and min(strides) < 0
-    reason = (
-        "it is read-only and PyTorch has no read-only tensors (writes would reach the read-only memory)"
-        if t._storage.readonly
-        else "it has negative strides, which PyTorch cannot represent"
-        if negative and _dlpack.has_negative_stride(t._shape, strides)
-        else None
-    )
-    if reason is not None:
-        if not force:
-            msg = (
-                f"torch(): cannot share this tensor with PyTorch: {reason}. Pass force=True (or call "
-                f"clone() first) to give PyTorch a copy."
-            )
-            raise BufferError(msg)
-        src = _for_torch(t).clone()
-    else:
-        # Exported as it is unless it requires grad (refused by __dlpack__) or has negative strides.
-        src = _for_torch(t) if negative or t._requires_grad else t
-    out = _dlpack.exchange_export(
-        src, torch.Tensor
-    )  # no capsule, when torch has the C exchange API
-    if out is None:
-        out = torch.from_dlpack(src)
-    return out.requires_grad_(True) if t._requires_grad else out
-
-
-def to_jax(t: Tensor) -> Any:
-    """``Tensor.jax()``: a ``jax.Array`` with this tensor's values, through DLPack.
-
-    JAX arrays are immutable values, so whether JAX shares the memory is invisible: it shares compact
-    host memory when it can (64-byte aligned, which tensorbridge allocations are) and copies otherwise.
-    JAX is handed a compact, writable tensor: non-contiguous layouts are made contiguous first (its
-    importer refuses broadcast, sliced and negative strides), and read-only memory is copied, because
-    JAX asks for an unversioned capsule, which cannot say "read-only", and a donated JAX buffer may be
-    written in place. ``requires_grad`` has no JAX equivalent and is dropped; 64-bit dtypes follow JAX's
-    ``jax_enable_x64`` setting (without it JAX narrows them to 32 bits).
-    """
-    jax_dlpack = _peer("jax.dlpack", "jax")
-    src = t.detach()
-    if src.is_readonly:
-        src = src.clone()
-    return jax_dlpack.from_dlpack(src.contiguous())

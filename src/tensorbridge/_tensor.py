@@ -12,14 +12,24 @@ import builtins
 import itertools
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import _codec, _dtype, _layout, _memory
+from . import (
+    _buffer_export,
+    _codec,
+    _dlpack_export,
+    _dtype,
+    _format,
+    _interface_export,
+    _layout,
+    _memory,
+    _peers,
+)
 from ._args import GRAD_MSG, GRAD_MSG_METHOD
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
-from ._indexing import Advanced, parse_index
+from ._indexing import INDEX_DTYPES, UINT8_INDEX_WARNING, Advanced, parse_index, warn
 from ._indexing import check_bounds as check_index_bounds
 from ._layout import Size
 from ._storage import Refusal, Storage, allocate, locate
@@ -548,7 +558,7 @@ class Tensor:
         return iter(self.unbind(0))
 
     def __getitem__(self, key: Any) -> Tensor:
-        basic = parse_index(key, self._shape, self._strides)
+        basic = parse_index(key, self._shape, self._strides, "__getitem__", _index_values)
         view = self._view(self._offset + basic.offset, basic.shape, basic.strides)
         if not basic.advanced:
             return view
@@ -560,7 +570,7 @@ class Tensor:
             return  # PyTorch 2.13 skips the assignment, value unchecked
         if key is True:
             key = None  # PyTorch assigns through an unsqueezed view here, casting the value
-        basic = parse_index(key, self._shape, self._strides, "__setitem__")
+        basic = parse_index(key, self._shape, self._strides, "__setitem__", _index_values)
         view = self._view(self._offset + basic.offset, basic.shape, basic.strides)
         if not basic.advanced:
             if isinstance(value, (builtins.bool, int, builtins.float, complex)):
@@ -789,7 +799,7 @@ class Tensor:
 
     def numpy(self, *, force: bool = False) -> Any:
         """A NumPy array sharing this tensor's memory (needs NumPy)."""
-        return _interfaces.to_numpy(self, force=force)
+        return _peers.to_numpy(self, force=force)
 
     # ------------------------------------------------------------------ comparisons
     def equal(self, other: Tensor) -> bool:
@@ -821,7 +831,7 @@ class Tensor:
         copy: Any = None,
     ) -> Any:
         """Export as a DLPack capsule (versioned for ``max_version >= (1, 0)``); see `_dlpack`."""
-        return _dlpack.dlpack_export(self, stream, max_version, dl_device, copy)
+        return _dlpack_export.dlpack_export(self, stream, max_version, dl_device, copy)
 
     def __dlpack_device__(self) -> tuple[Any, int]:
         """``(DLDeviceType, device_id)`` of this tensor's memory."""
@@ -833,25 +843,25 @@ class Tensor:
     @property
     def __array_interface__(self) -> dict[str, Any]:
         """NumPy's array interface (version 3) for host memory; see `_buffer`."""
-        return _buffer.array_interface(self)
+        return _interface_export.array_interface(self)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """The CUDA array interface (version 3); CPU tensors do not have it (AttributeError)."""
-        return _interfaces.cuda_array_interface(self)
+        return _interface_export.cuda_array_interface(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         """NumPy's last protocol: dtypes and memory ``__array_interface__`` cannot give (ml_dtypes
         arrays for bfloat16, float8 and complex32; a TypeError otherwise); see `_interfaces`."""
-        return _interfaces.numpy_array(self, dtype, copy)
+        return _peers.numpy_array(self, dtype, copy)
 
     def __buffer__(self, flags: int) -> memoryview:
         """PEP 688 buffer export (Python 3.12+): ``memoryview(t)``."""
-        return _buffer.buffer_export(self, flags)
+        return _buffer_export.buffer_export(self, flags)
 
     def as_memoryview(self) -> memoryview:
         """A memoryview of this tensor's memory on every Python version (contiguous tensors only)."""
-        return _buffer.buffer_export(self, 0)
+        return _buffer_export.buffer_export(self, 0)
 
     def share_memory_(self) -> Tensor:
         """Move the storage into shared memory another process can map; returns ``self``."""
@@ -863,11 +873,11 @@ class Tensor:
         Read-only and negative-stride tensors are refused (PyTorch has no read-only tensors and aborts on
         negative strides) unless ``force=True``, which hands PyTorch a copy.
         """
-        return _interfaces.to_torch(self, force=force)
+        return _peers.to_torch(self, force=force)
 
     def jax(self) -> Any:
         """A ``jax.Array`` from this memory (needs JAX; JAX may copy unless 64-byte aligned)."""
-        return _interfaces.to_jax(self)
+        return _peers.to_jax(self)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -1042,9 +1052,71 @@ def _as_source(value: Any, dtype: DType, api: str) -> Tensor:
     """A tensor to copy from: tensors as they are, anything else converted with `tensor`."""
     if isinstance(value, Tensor):
         return value
-    from ._creation import tensor
+    return _as_tensor(value, dtype, "tensor")
 
-    return tensor(value, dtype=dtype)
+
+def _index_values(item: Any, api: str) -> tuple[list[Any], tuple[int, ...], str] | None:
+    """Flatten an index array (a Tensor, a list, anything with ``tolist``) to (values, shape, kind).
+
+    ``kind`` is ``"b"`` for a mask (bool, or uint8 as PyTorch reads it) and ``"i"`` for indices.
+    """
+    if isinstance(item, Tensor):
+        dtype = item.dtype
+        # PyTorch 2.13: index tensors of one or more dims must be int64, int32, uint8 (a mask) or
+        # bool; a 0-d one may be of any integer type (it selects) or bool/uint8 (a bool index).
+        allowed = dtype.kind in "biu" if item.ndim == 0 else dtype.name in INDEX_DTYPES
+        if not allowed:
+            msg = (
+                f"{api}(): tensors used as indices must be long, int, byte or bool tensors; "
+                f"got a {item.ndim}-d tensor of dtype {dtype}."
+            )
+            raise IndexError(msg)
+        flat = item.reshape(-1).tolist()
+        if dtype.name == "uint8":
+            if item.ndim:  # a 0-d uint8 tensor is a bool, without the warning, as in PyTorch
+                warn(UINT8_INDEX_WARNING)
+            return [v != 0 for v in flat], tuple(item.shape), "b"
+        return flat, tuple(item.shape), "b" if dtype.kind == "b" else "i"
+    if isinstance(item, list):
+        try:
+            t = _as_tensor(item, None, "tensor")
+        except (TypeError, ValueError, RuntimeError) as exc:
+            msg = f"{api}(): invalid index {item!r}; index lists must hold ints or bools."
+            raise IndexError(msg) from exc
+        if t.numel() == 0 and t.dtype.kind == "f":
+            return [], tuple(t.shape), "i"  # [] indexes nothing, as in PyTorch
+        return _index_values(t, api)
+    if (hasattr(item, "__array_interface__") or hasattr(item, "__dlpack__")) and hasattr(
+        item, "__len__"
+    ):
+        # Keep the producer's dtype: a NumPy or PyTorch uint8 array is a mask, as in PyTorch.
+        # Arrays have __len__; NumPy scalars other than integers (np.bool_, np.float64) do not,
+        # and PyTorch refuses them as indices.
+        try:
+            t = _as_tensor(item, None, "tensor")
+        except (TypeError, ValueError, BufferError) as exc:
+            msg = f"{api}(): invalid index {item!r}; index arrays must hold ints or bools."
+            raise IndexError(msg) from exc
+        return _index_values(t, api)
+    return None
+
+
+def _no_converter(value: Any, dtype: DType | None, api: str) -> Tensor:
+    msg = f"{api}(): tensorbridge._convert is not loaded; import tensorbridge first."
+    raise RuntimeError(msg)
+
+
+# Converting any array-like into a tensor (`tensorbridge.tensor`) is `_convert`'s work, above this
+# module. It hands its converter down when it is loaded (`set_converter`; `import tensorbridge`
+# loads it), so that the `Tensor` methods taking array-likes (``t[...] = value``, `copy_`, indexing
+# with lists and arrays) convert them without an import pointing up.
+_as_tensor: Callable[[Any, DType | None, str], Tensor] = _no_converter
+
+
+def set_converter(convert: Callable[[Any, DType | None, str], Tensor]) -> None:
+    """Install ``convert(value, dtype, api)``, `_convert`'s `tensor`, for the methods above."""
+    global _as_tensor  # noqa: PLW0603  (installed once, when _convert loads)
+    _as_tensor = convert
 
 
 def _parse_to_args(
@@ -1090,5 +1162,5 @@ def equal(a: Tensor, b: Tensor) -> bool:
     return all(x == y for x, y in zip(a._values("equal"), b._values("equal")))
 
 
-# Protocol modules import Tensor from here; bind them after the class exists.
-from . import _buffer, _dlpack, _format, _interfaces  # noqa: E402
+# Pickling and shared memory still build tensors above this module; bound after the class exists.
+from . import _buffer  # noqa: E402

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from tensorbridge import _dlpack, _exports
+from tensorbridge import _dlpack_export, _exports
 
 __all__ = ["ExportCounter", "isolated"]
 
@@ -32,7 +32,7 @@ class ExportCounter:
     """Counts tensorbridge's capsule exports and releases from now on, on whatever thread they
     happen.
 
-    Exports: ``_dlpack._new_capsule`` is wrapped. Releases: the capsule deleter is a ctypes callback
+    Exports: ``_dlpack_export._new_capsule`` is wrapped. Releases: the capsule deleter is a ctypes callback
     that consumers call through a C function pointer, so it cannot be replaced; it binds
     ``_exports.forget_managed`` as its ``_forget`` default, which is wrapped there (``deleter``);
     the reaper calls the module's ``forget_managed``, wrapped too (``releases`` counts both). ``itertools.count`` makes each
@@ -45,9 +45,11 @@ class ExportCounter:
             itertools.count(),
             itertools.count(),
         )
-        new_capsule, release = _dlpack._new_capsule, _exports.forget_managed
+        new_capsule, release = _dlpack_export._new_capsule, _exports.forget_managed
         deleter = next(
-            r for r in gc.get_referents(_dlpack._deleter) if isinstance(r, types.FunctionType)
+            r
+            for r in gc.get_referents(_dlpack_export._deleter)
+            if isinstance(r, types.FunctionType)
         )
         position = deleter.__code__.co_varnames.index("_forget") - deleter.__code__.co_argcount
         exports, releases, deleter_calls = self._exports, self._releases, self._deleter
@@ -67,7 +69,7 @@ class ExportCounter:
         defaults = list(deleter.__defaults__ or ())
         defaults[position] = counted_deleter_release
         deleter.__defaults__ = tuple(defaults)
-        _dlpack._new_capsule, _exports.forget_managed = counted_export, counted_release
+        _dlpack_export._new_capsule, _exports.forget_managed = counted_export, counted_release
 
     @staticmethod
     def _value(counter: itertools.count[int]) -> int:

@@ -1,0 +1,417 @@
+"""DLPack export: ``Tensor.__dlpack__`` and the C exchange API, for any tensor handed in.
+
+This module sits below `Tensor`: it reads a tensor's storage, offset, shape, strides and dtype and
+never builds one (a copy it needs comes from the tensor's own methods).
+
+Export writes one ctypes block holding the managed struct, the shape and the strides, wraps it in a
+capsule, and keeps the block and the exported tensor in the export registry (`_exports`) until the
+consumer calls our deleter. The capsule has **no destructor**: a destructor written in Python would
+run while a rejecting consumer's exception is pending and turn it into ``SystemError``. The
+registry is *reaped* instead: by exports and garbage collections once a few capsules are pending,
+by every full collection, and at exit. A capsule renamed ``used_*`` belongs to its consumer; one
+still carrying its own name that nothing but the registry refers to was abandoned, and the reaper
+releases it as its deleter would. The price: an abandoned, never-consumed capsule keeps its tensor
+alive until the next reap rather than until it is collected (at most 16 such capsules, or twice the
+number of capsules a caller keeps, outside full collections). A reap costs about 1 µs per abandoned
+capsule and 0.1 µs per capsule still held; amortised, an export pays well under 1 µs for it.
+Exports through the C exchange API have no capsule and never wait for a reap.
+
+Deviations from PyTorch 2.13 (each one deliberate):
+
+* Read-only tensors export ``READ_ONLY`` capsules and are never exported as legacy capsules.
+* A view with negative strides is exported as a compact copy flagged ``IS_COPIED`` (``copy=None``)
+  or refused (``copy=False``): ``torch.from_dlpack`` aborts the process on negative strides
+  (pytorch/pytorch#188023). Negative strides that address nothing (on dimensions of size 1, or in
+  a tensor without elements) are exported as their absolute values, with no copy.
+* Memory that is not host-accessible (CUDA, ROCm, Metal, ...) is re-exported as it is and never
+  dereferenced on the host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+from typing import TYPE_CHECKING, Any, Final
+
+from . import _capi, _cuda, _exports
+from ._args import GRAD_MSG_EXPORT, as_copy
+from ._device import ADDRESSABLE_TYPES, CPU, Device, DLDeviceType
+from ._dlpack_abi import (
+    DLPACK_FLAG_BITMASK_IS_COPIED,
+    DLPACK_FLAG_BITMASK_READ_ONLY,
+    DLPACK_VERSION,
+    DLTENSOR,
+    DLTENSOR_VERSIONED,
+    DLPackDeleter,
+)
+from ._dlpack_c import exchange_api_of
+from ._errors import short_repr
+
+if TYPE_CHECKING:
+    from ._tensor import Tensor
+
+__all__ = ["dlpack_export", "exchange_export", "has_negative_stride"]
+
+# The version asked of producers and reported on export.
+_MAX_VERSION: Final = DLPACK_VERSION
+_kDLCPU: Final = int(DLDeviceType.kDLCPU)
+_kDLCUDA: Final = int(DLDeviceType.kDLCUDA)
+_kDLROCM: Final = int(DLDeviceType.kDLROCM)
+_ADDRESSABLE: Final = ADDRESSABLE_TYPES
+# DLTensor as written on export (the dtype spelled out).
+_DLTENSOR_WRITE: Final = "PiiiBBHPPQ"
+
+
+@DLPackDeleter
+def _deleter(
+    address: int | None,
+    _finalizing: Any = sys.is_finalizing,
+    _forget: Any = _exports.forget_managed,
+) -> None:
+    """``deleter`` of every managed tensor tensorbridge exports; may run on any thread.
+
+    ctypes takes the GIL before running it. What it needs is bound as defaults, so it works while
+    module globals are being cleared; once the interpreter is finalising it does nothing (leak,
+    never crash).
+    """
+    if address is None or _finalizing():
+        return
+    _forget(address)
+
+
+_DELETER_ADDRESS: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
+# Consumers keep the address and may call it after this module's globals are cleared at exit.
+_capi.keep_forever(_deleter)
+
+
+def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:
+    """``Tensor.__dlpack__``: a capsule sharing ``t``'s memory.
+
+    A ``"dltensor_versioned"`` capsule (version 1.3) for ``max_version >= (1, 0)``, else a legacy
+    ``"dltensor"`` capsule. It may be consumed once. tensorbridge keeps ``t`` and its memory alive
+    until the consumer calls the deleter, even after every tensorbridge object is gone; a capsule
+    dropped without being consumed is released by the next reap (see the module docstring).
+
+    Args:
+        t: the tensor.
+        stream: None or an int. Host memory takes None and -1 only. CUDA: None, -1, 1, 2 or a
+            ``cudaStream_t``, which is made to wait on the legacy default stream, where tensorbridge
+            has the data; 0 is refused (ambiguous: DLPack leaves its meaning undefined). ROCm:
+            None, -1 and 0.
+        max_version: None or a 2-sequence of ints (tuple or list), the consumer's newest version.
+        dl_device: None, the tensor's own ``__dlpack_device__()``, or ``(1, 0)`` for host memory.
+        copy: None (copy only when needed), True (always; flagged ``IS_COPIED``), False (never).
+
+    Raises:
+        BufferError: requires_grad, a read-only tensor asked for as a legacy capsule, an
+            unsupported device or stream, a copy that is needed but refused or impossible.
+        TypeError: an argument of the wrong type.
+    """
+    return _export(t, stream, max_version, dl_device, copy, "__dlpack__")
+
+
+def _export(  # the __dlpack__ arguments, plus the API name for messages
+    t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any, api: str
+) -> Any:
+    if t._requires_grad:
+        msg = f"{api}(): {GRAD_MSG_EXPORT}."
+        raise BufferError(msg)
+    if copy is not None:
+        copy = as_copy(copy, api)
+    versioned = max_version is not None and _wants_versioned(max_version, api)
+    device = t._storage.device
+    if stream is not None:
+        _check_stream(stream, device, api)
+    if dl_device is not None:
+        device = _export_device(dl_device, device, copy, api)
+    strides = t._strides
+    copied = copy is True
+    if not copied and strides and min(strides) < 0:
+        if has_negative_stride(t._shape, strides):
+            copied = True
+        else:
+            t = with_idle_strides_positive(t)  # nothing to copy: the strides address nothing
+    if copied:
+        t = _export_copy(t, copy, api)
+    elif t._storage.readonly and not versioned:
+        msg = (
+            f"{api}(): cannot export a read-only tensor as an unversioned 'dltensor' capsule, "
+            f"since signalling readonly is unsupported by DLPack before version 1.0. Call "
+            f"__dlpack__(max_version=(1, 0)), or export a clone()."
+        )
+        raise BufferError(msg)
+    if stream is not None and stream > 2 and device.dlpack_type == DLDeviceType.kDLCUDA:
+        _cuda_wait_on_legacy_stream(device.index or 0, stream, api)
+    return _new_capsule(t, device, versioned, copied)
+
+
+def has_negative_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when a stride that addresses memory is negative.
+
+    The stride of a dimension of size 1 is never multiplied by a non-zero index, and a tensor
+    without elements addresses nothing at all: their strides are irrelevant, and a negative one
+    needs no copy before an export to a consumer that refuses negative strides (PyTorch aborts on
+    them, pytorch/pytorch#188023). The one rule for every exporter (`_export`, ``Tensor.torch()``).
+    """
+    if not strides or min(strides) >= 0 or 0 in shape:
+        return False
+    return any(stride < 0 and size > 1 for size, stride in zip(shape, strides))
+
+
+def with_idle_strides_positive(t: Tensor) -> Tensor:
+    """``t``, or a view of the same memory whose irrelevant negative strides are made positive.
+
+    Irrelevant: those `has_negative_stride` ignores (dimensions of size 1; every dimension of a
+    tensor without elements). Their absolute value keeps the memory the view addresses unchanged.
+    """
+    strides = t._strides
+    if not strides or min(strides) >= 0:
+        return t
+    empty = 0 in t._shape
+    strides = tuple(
+        -stride if stride < 0 and (empty or size == 1) else stride
+        for size, stride in zip(t._shape, strides)
+    )
+    return t._view(t._offset, t._shape, strides)
+
+
+def _wants_versioned(max_version: Any, api: str) -> bool:
+    if max_version is None:
+        return False
+    if type(max_version) in (tuple, list) and len(max_version) == 2:
+        major, minor = max_version
+        if type(major) is int and type(minor) is int:
+            return major >= 1
+    msg = (
+        f"{api}(): max_version must be None or a (major, minor) pair of ints; got "
+        f"{short_repr(max_version)}. Pass e.g. max_version=(1, 0)."
+    )
+    raise TypeError(msg)
+
+
+def _check_stream(stream: Any, device: Device, api: str) -> None:
+    """Validate ``stream`` for the tensor's device, as the DLPack standard defines it, with
+    PyTorch's texts."""
+    if type(stream) is not int:
+        msg = (
+            f"{api}(): stream must be ``int`` or ``none``; got {short_repr(stream)} "
+            f"({type(stream).__name__})."
+        )
+        raise TypeError(msg)
+    kind = device.dlpack_type
+    if device.is_host_accessible:
+        ok, why = stream == -1, "stream should be None on cpu."
+    elif kind == DLDeviceType.kDLCUDA:
+        ok, why = stream == -1 or stream >= 1, f"unsupported stream on CUDA: {stream}."
+    elif kind == DLDeviceType.kDLROCM:
+        # 0 is ROCm's legacy default; a raw hipStream_t would need the HIP runtime to be ordered.
+        ok, why = stream in (-1, 0), f"unsupported stream on ROCm: {stream}; use None, -1 or 0."
+    else:
+        ok, why = stream == -1, f"stream should be None on {device.type}."
+    if not ok:
+        msg = f"{api}(): {why} Got stream={short_repr(stream)}; pass stream=None for this tensor."
+        raise BufferError(msg)
+
+
+def _export_device(dl_device: Any, device: Device, copy: bool | None, api: str) -> Device:
+    """The device to report for ``dl_device``: the tensor's own, or the CPU for host memory."""
+    if not (
+        type(dl_device) is tuple
+        and len(dl_device) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in dl_device)
+    ):
+        msg = (
+            f"{api}(): dl_device must be a tuple of two ints or None; got {short_repr(dl_device)}."
+        )
+        raise TypeError(msg)
+    kind, index = int(dl_device[0]), int(dl_device[1])
+    own_kind, own_index = device.to_dlpack()
+    if kind == own_kind and (index == own_index or kind == _kDLCPU):
+        return device
+    if kind == _kDLCPU and device.is_host_accessible:
+        return CPU  # pinned and managed memory are CPU memory too: no copy
+    target = Device.from_dlpack(kind, index)  # "Unsupported device_type: N" for unknown types
+    if copy is False:
+        msg = (
+            f"{api}(): cannot move (i.e. copy=False) tensor from {device} to {target} without "
+            f"copying."
+        )
+    elif kind == _kDLCPU:
+        msg = (
+            f"{api}(): cannot copy {device} memory to the CPU: tensorbridge does not copy "
+            f"between devices. Export to the tensor's own device and copy with its library."
+        )
+    else:
+        msg = (
+            f"{api}(): Unsupported device_type: {kind}. tensorbridge exports to the tensor's "
+            f"own device {(int(own_kind), own_index)} or, from host memory, to the CPU (1, 0); "
+            f"it does not copy memory from {device} to {target}."
+        )
+    raise BufferError(msg)
+
+
+def _export_copy(t: Tensor, copy: bool | None, api: str) -> Tensor:
+    """A compact copy, for ``copy=True`` or negative strides (pytorch/pytorch#188023)."""
+    if copy is False:
+        msg = (
+            f"{api}(): the tensor has negative strides {t._strides}, which some consumers "
+            f"cannot take (torch.from_dlpack aborts the process), and copy=False forbids the "
+            f"compact copy tensorbridge exports instead. Use copy=None, or export "
+            f"t.contiguous()."
+        )
+        raise BufferError(msg)
+    if not t._storage.device.is_host_accessible:
+        msg = (
+            f"{api}(): a copy is needed (copy=True or negative strides {t._strides}), but "
+            f"tensorbridge cannot copy memory on {t.device}. Copy it with the library that owns "
+            f"the memory."
+        )
+        raise BufferError(msg)
+    return t.clone()
+
+
+# The block written for one export, per (versioned, ndim): its struct format (managed struct, then
+# shape[ndim] and strides[ndim]), the ctypes array type that holds it, and where shape starts.
+_BLOCKS: dict[tuple[bool, int], tuple[struct.Struct, Any, int]] = {}
+
+
+def _block_layout(versioned: bool, ndim: int) -> tuple[struct.Struct, Any, int]:
+    layout = _BLOCKS.get((versioned, ndim))
+    if layout is None:
+        header = "IIPPQ" + _DLTENSOR_WRITE if versioned else _DLTENSOR_WRITE + "PP"
+        shape_at = struct.calcsize("@" + header + "0q")
+        fmt = struct.Struct(f"@{header}0q{ndim}q{ndim}q")
+        layout = _BLOCKS[versioned, ndim] = (fmt, ctypes.c_char * fmt.size, shape_at)
+    return layout
+
+
+def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> Any:
+    """Write the managed struct, shape and strides into one block; wrap it; register both."""
+    name = DLTENSOR_VERSIONED if versioned else DLTENSOR
+    address, block = _new_managed(t, device, versioned, copied, name)
+    capsule = _capi.PyCapsule_New(address, name, None)
+    _exports.hold_capsule(address, block, t, name, capsule)
+    return capsule
+
+
+def _new_managed(
+    t: Tensor, device: Device, versioned: bool, copied: bool, name: bytes
+) -> tuple[int, Any]:
+    """Write a ``DLManagedTensor(Versioned)`` for ``t``, with its shape and strides, into one
+    block; return its address and the block, which the caller registers with ``t`` until
+    `_deleter` runs."""
+    storage = t._storage
+    shape, strides = t._shape, t._strides
+    ndim = len(shape)
+    itemsize = t._dtype.itemsize
+    code, bits, lanes = t._dtype.dlpack
+    dev_type, dev_id = device.to_dlpack()
+    if 0 in shape:
+        data, byte_offset = 0, 0  # dlpack.h: NULL data for size-0 tensors
+        # The strides of a size-0 tensor address nothing; those past int64 (row-major strides of
+        # a huge empty shape) are written as 0 rather than refused.
+        strides = tuple(st if -(2**63) <= st < 2**63 else 0 for st in strides)
+    elif dev_type in _ADDRESSABLE:
+        data, byte_offset = storage.ptr + t._offset * itemsize, 0  # as NumPy and PyTorch do
+    else:
+        data, byte_offset = storage.ptr, t._offset * itemsize  # a handle: no pointer arithmetic
+    fmt, block_type, shape_at = _BLOCKS.get((versioned, ndim)) or _block_layout(versioned, ndim)
+    block = block_type()
+    address: int = ctypes.addressof(block)
+    shape_p = address + shape_at
+    # manager_ctx is opaque to consumers: the block's own address, the key of its registry entry.
+    dltensor = (
+        data,
+        dev_type,
+        dev_id,
+        ndim,
+        code,
+        bits,
+        lanes,
+        shape_p,
+        shape_p + 8 * ndim,
+        byte_offset,
+    )
+    try:
+        if versioned:
+            flags = (
+                DLPACK_FLAG_BITMASK_IS_COPIED
+                if copied
+                else DLPACK_FLAG_BITMASK_READ_ONLY
+                if storage.readonly
+                else 0
+            )
+            fmt.pack_into(
+                block,
+                0,
+                *_MAX_VERSION,
+                address,
+                _DELETER_ADDRESS,
+                flags,
+                *dltensor,
+                *shape,
+                *strides,
+            )
+        else:
+            fmt.pack_into(block, 0, *dltensor, address, _DELETER_ADDRESS, *shape, *strides)
+    except struct.error:
+        # Only a tensor imported from a lying producer gets here: e.g. a device handle plus
+        # byte_offset beyond 64 bits. DLPack's fixed-width fields cannot carry it.
+        msg = (
+            f"__dlpack__(): the tensor's layout (data=0x{data:x}, byte_offset={byte_offset}, "
+            f"shape={list(shape)}, strides={list(strides)}) does not fit DLPack's 64-bit "
+            f"fields; it cannot be exported. Export a clone() of host memory instead."
+        )
+        raise BufferError(msg) from None
+    return address, block
+
+
+def exchange_export(t: Tensor, cls: type) -> Any:
+    """``t`` as an instance of ``cls``, through the C exchange API that ``cls`` advertises.
+
+    ``managed_tensor_to_py_object_no_sync`` wraps a managed tensor with no capsule and no
+    ``__dlpack__`` call. The caller has done the checks ``__dlpack__`` would do (requires_grad,
+    read-only, negative strides, ...). For host memory only: ``*_no_sync`` orders nothing on a
+    stream. The new object owns the export and calls our deleter when it dies, as a capsule's
+    consumer would. Returns None, having released the export, when ``cls`` has no exchange API
+    or its function refuses the tensor: the caller then goes through ``from_dlpack``, whose
+    refusal is the framework's own.
+    """
+    exchange = exchange_api_of(cls)
+    if exchange is None or not t._storage.device.is_host_accessible:
+        return None
+    address, block = _new_managed(t, t._storage.device, True, False, DLTENSOR_VERSIONED)
+    _exports.hold_managed(address, block, t, DLTENSOR_VERSIONED)
+    out = ctypes.c_void_p()
+    try:
+        failed = exchange.to_py(address, ctypes.byref(out))
+    except Exception:  # from_dlpack raises the refusal again, in the framework's words
+        failed = True
+    if failed or not out.value:
+        # Forgetting an export twice is harmless, should the framework have done it too.
+        _exports.forget_managed(address)
+        return None
+    return _capi.steal(out.value)
+
+
+# -------------------------------------------------------------------------------------------------
+# CUDA stream ordering for re-exported device memory
+# -------------------------------------------------------------------------------------------------
+
+
+def _cuda_wait_on_legacy_stream(device_id: int, stream: int, api: str) -> None:
+    """Make the consumer's ``stream`` wait for the data.
+
+    tensorbridge imports CUDA memory with ``stream=1``, so its producer made the data ready on the
+    legacy default stream. Stream 1 (that stream) and 2 (per-thread default, which synchronises
+    with it) need nothing; a raw stream may be non-blocking and gets an event wait.
+    """
+    driver = _cuda.driver()
+    if driver is None:
+        msg = (
+            f"{api}(): stream={stream} needs the CUDA driver (libcuda) to order the consumer's "
+            f"stream after the data, and none could be loaded. Pass stream=None, 1 or -1."
+        )
+        raise BufferError(msg)
+    driver.wait_on_legacy_stream(stream, device_id, api)
