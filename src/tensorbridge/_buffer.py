@@ -33,7 +33,7 @@ from ._buffer_export import host_memoryview
 from ._device import CPU
 from ._dtype import BY_NAME, DType, as_dtype, uint8
 from ._layout import contiguous_strides, extent
-from ._storage import BufferStorage, Refusal, Storage, allocate, hold_buffer, locate
+from ._storage import BufferStorage, Refusal, Storage, allocate, hold_buffer
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
@@ -45,8 +45,6 @@ __all__ = ["frombuffer", "reduce_tensor", "share_memory"]
 # `len` contiguous bytes or fails. PyTorch and NumPy ask exactly this, writable first.
 _WRITABLE_REQUEST: Final = _capi.PY_BUF_SIMPLE | _capi.PY_BUF_WRITABLE
 _READONLY_REQUEST: Final = _capi.PY_BUF_SIMPLE
-
-_make = Tensor._make
 
 
 # -------------------------------------------------------------------------------------------------
@@ -104,31 +102,33 @@ def frombuffer(
         requires_grad = as_bool(requires_grad, "frombuffer", "requires_grad")
     storage = _acquire(buffer, "frombuffer")
     itemsize = dtype.itemsize
+    t = None
     try:
         length = storage.nbytes
         numel = _element_count(length, count, offset, itemsize)
-        # The extent check every import shares: (numel,) elements from buf + offset, inside len.
-        locate(
-            storage.ptr + offset,
-            length - offset,
+        # The storage spans the buffer from ``offset``; the one bounds check (`Tensor._new`)
+        # refuses a count reaching past its end, in PyTorch's words.
+        storage.ptr += offset
+        storage.nbytes = length - offset
+        t = Tensor._new(
+            storage,
             0,
             (numel,),
             (1,),
-            itemsize,
+            dtype,
             "frombuffer",
+            requires_grad,
             functools.partial(_too_long, count, offset, length),
         )
         if requires_grad and dtype.kind not in "fc":
             msg = f"frombuffer(): {GRAD_MSG_CREATE}; got dtype {dtype}. Pass a floating dtype."
             raise RuntimeError(msg)
-    except BaseException:
-        # Release the export now: the traceback keeps this frame, and the frame the export.
-        del storage
-        raise
-    # The storage spans the whole buffer; nothing else has seen it yet, so narrow it in place.
-    storage.ptr += offset
-    storage.nbytes = numel * itemsize
-    return _make(storage, 0, (numel,), (1,), dtype, requires_grad)
+    except BaseException as exc:
+        # Release the export now: a traceback keeps its frames, and the frames the export.
+        del storage, t
+        raise exc.with_traceback(None)  # the same exception, without those frames
+    storage.nbytes = numel * itemsize  # exactly the viewed bytes, as PyTorch's storage
+    return t
 
 
 def _acquire(obj: Any, api: str) -> BufferStorage:

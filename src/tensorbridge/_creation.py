@@ -286,7 +286,7 @@ def _filled(
     _codec.check_scalar(dtype, value, api, numel=math.prod(shape))
     element = _codec.pack(dtype, [value])
     storage = _storage_for(shape, dtype, device, api)
-    t = Tensor._make(storage, 0, shape, _layout.contiguous_strides(shape), dtype)
+    t = Tensor._new(storage, 0, shape, _layout.contiguous_strides(shape), dtype, api)
     if t.numel() and any(element):
         t._fill_element(element, api)
     return _grad(t, requires_grad, api)
@@ -300,7 +300,7 @@ def _zeroed(
     New storage is zero-filled already, so nothing is packed or copied.
     """
     storage = _storage_for(shape, dtype, device, api)
-    t = Tensor._make(storage, 0, shape, _layout.contiguous_strides(shape), dtype)
+    t = Tensor._new(storage, 0, shape, _layout.contiguous_strides(shape), dtype, api)
     return _grad(t, requires_grad, api)
 
 
@@ -460,7 +460,7 @@ def arange(
     for i in range(0, len(values), chunk):
         run = _codec.pack(dt, values[i : i + chunk])
         mv[i * dt.itemsize : i * dt.itemsize + len(run)] = run
-    t = Tensor._make(storage, 0, (len(values),), (1,), dt)
+    t = Tensor._new(storage, 0, (len(values),), (1,), dt, "arange")
     return _grad(t, requires_grad, "arange")
 
 

@@ -172,7 +172,7 @@ def _alias(t: Tensor) -> Tensor:
     if t._requires_grad:
         msg = f"from_dlpack(): {GRAD_MSG_EXPORT}."
         raise BufferError(msg)
-    return Tensor._make(t._storage, t._offset, t._shape, t._strides, t._dtype)
+    return t.detach()
 
 
 def _not_a_producer(obj: Any) -> NotDLPackError:
@@ -540,7 +540,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
                 if min(shape) < 0:
                     raise _negative_shape(shape)
                 storage = DLPackStorage(data or 0, 0, device, readonly, copied, managed)
-                return Tensor._make(storage, 0, shape, strides, dtype)  # nothing addressed
+                return Tensor._new(storage, 0, shape, strides, dtype, "from_dlpack")
             if size < 0:
                 raise _negative_shape(shape)
     if not data:
@@ -593,7 +593,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         )
         raise BufferError(msg) from None
     storage = DLPackStorage(start, nbytes, device, readonly, copied, managed)
-    return Tensor._make(storage, offset, shape, strides, dtype)
+    return Tensor._new(storage, offset, shape, strides, dtype, "from_dlpack")
 
 
 def _refused(refusal: Refusal) -> BufferError:
@@ -742,7 +742,7 @@ def _relabel(t: Tensor, target: Device) -> Tensor:
     host = Storage(
         storage.ptr, storage.nbytes, target, storage.readonly, storage, storage.is_copied
     )
-    return Tensor._make(host, t._offset, t._shape, t._strides, t._dtype)
+    return Tensor._new(host, t._offset, t._shape, t._strides, t._dtype, "from_dlpack")
 
 
 def to_dlpack(tensor: Any) -> Any:

@@ -108,7 +108,7 @@ def from_file(
             copy_on_write=not shared,
             readonly=readonly,
         )
-    return Tensor._make(storage, 0, (size,), (1,), dtype, requires_grad)
+    return Tensor._new(storage, 0, (size,), (1,), dtype, _API, requires_grad)
 
 
 def _as_path(filename: object) -> str | bytes:

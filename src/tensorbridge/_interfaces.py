@@ -82,7 +82,7 @@ def wrap_memory(
         api,
         lambda refusal: _memory_refused(refusal, dtype),
     )
-    return Tensor._make(storage, element_offset, shape, strides, dtype)
+    return Tensor._new(storage, element_offset, shape, strides, dtype, api)
 
 
 def _memory_refused(r: Refusal, dtype: DType) -> ValueError:

@@ -29,6 +29,7 @@ from typing import Any, Final, NamedTuple
 
 from . import _capi
 from ._device import CPU, Device
+from ._layout import extent
 
 __all__ = ["ALIGNMENT", "Storage", "allocate"]
 
@@ -235,6 +236,65 @@ def locate(
     if nbytes is not None:
         return ptr, nbytes, offset
     return start, stop - start, offset - low if not anchored else offset
+
+
+def check_view(
+    storage: Storage,
+    offset: int,
+    shape: Sequence[int],
+    strides: Sequence[int],
+    itemsize: int,
+    api: str,
+    fail: Callable[[Refusal], BaseException] | None = None,
+) -> None:
+    """Raise unless every element of a view lies inside ``storage`` (with Python ints).
+
+    The storage itself passed `locate` when it was made, so only its range is checked here. A
+    layout without elements addresses no byte and may lie anywhere, as in PyTorch. ``fail`` words
+    the error from the `Refusal` (default: PyTorch's out-of-bounds text, extended).
+    """
+    if offset < 0:
+        msg = f"{api}(): invalid storage offset {offset}; the storage offset must be non-negative."
+        raise ValueError(msg)
+    span = extent(offset, shape, strides)
+    if span is None:
+        return
+    low, high = span
+    stop = (high + 1) * itemsize
+    if low < 0 or stop > storage.nbytes:
+        ptr = storage.ptr
+        numel = 1
+        for size in shape:
+            numel *= size
+        refusal = Refusal(
+            "outside",
+            api,
+            ptr,
+            storage.nbytes,
+            offset,
+            shape,
+            strides,
+            itemsize,
+            numel,
+            low,
+            high,
+            ptr + low * itemsize,
+            ptr + stop,
+        )
+        raise (fail or _out_of_bounds)(refusal)
+
+
+def _out_of_bounds(r: Refusal) -> ValueError:
+    """The error for a view that leaves its storage, whatever `_storage.locate` found."""
+    # PyTorch's setStorage text, extended: it checks only the high end (it has no negative strides).
+    need = (r.high + 1) * r.itemsize
+    msg = (
+        f"{r.api}(): sizes {list(r.shape)}, strides {list(r.strides)}, storage offset {r.offset}, "
+        f"and itemsize {r.itemsize} requiring a storage size of {need} are out of bounds for "
+        f"storage of size {r.nbytes}: the layout reaches elements [{r.low}, {r.high}], outside "
+        f"the storage. Choose a layout that stays inside the tensor's memory."
+    )
+    return ValueError(msg)
 
 
 def wrap(

@@ -32,7 +32,7 @@ from ._dtype import DType, as_dtype
 from ._indexing import INDEX_DTYPES, UINT8_INDEX_WARNING, Advanced, parse_index, warn
 from ._indexing import check_bounds as check_index_bounds
 from ._layout import Size
-from ._storage import Refusal, Storage, allocate, locate
+from ._storage import Refusal, Storage, allocate, check_view
 
 __all__ = ["Tensor"]
 
@@ -101,11 +101,20 @@ class Tensor:
         strides: Sequence[int],
         dtype: DType,
         api: str = "Tensor._new",
+        requires_grad: bool = False,
+        fail: Callable[[Refusal], BaseException] | None = None,
     ) -> Tensor:
-        """Validated constructor: the layout must lie inside the storage (overflow-free Python ints)."""
-        shape, strides = tuple(shape), tuple(strides)
-        check_bounds(storage, offset, shape, strides, dtype.itemsize, api)
-        return cls._make(storage, offset, shape, strides, dtype)
+        """The validating constructor, the one way other modules build tensors.
+
+        The layout must lie inside the storage (`_storage.check_view`, with Python ints: nothing
+        wraps). Views a tensor derives from its own checked layout use `_make`, inside this module.
+        """
+        if shape.__class__ is not tuple:
+            shape = tuple(shape)
+        if strides.__class__ is not tuple:
+            strides = tuple(strides)
+        check_view(storage, offset, shape, strides, dtype.itemsize, api, fail)
+        return cls._make(storage, offset, shape, strides, dtype, requires_grad)
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -442,7 +451,7 @@ class Tensor:
         # NOTE: a layout outside the storage is a ValueError, as every layout tensorbridge checks
         # (from_pointer, imports), where PyTorch raises RuntimeError for the upper end only and
         # lets other layouts through; the bounds check is tensorbridge's own safety guarantee.
-        check_bounds(self._storage, offset, shape, strides, self._dtype.itemsize, "as_strided")
+        check_view(self._storage, offset, shape, strides, self._dtype.itemsize, "as_strided")
         return self._view(offset, shape, strides)
 
     # ------------------------------------------------------------------ element access
@@ -881,45 +890,6 @@ class Tensor:
 
 
 # ---------------------------------------------------------------------- helpers
-def check_bounds(
-    storage: Storage,
-    offset: int,
-    shape: Sequence[int],
-    strides: Sequence[int],
-    itemsize: int,
-    api: str,
-) -> None:
-    """Raise unless every element of the layout lies inside ``storage`` (computed with Python ints)."""
-    if offset < 0:
-        msg = f"{api}(): invalid storage offset {offset}; the storage offset must be non-negative."
-        raise ValueError(msg)
-    locate(
-        storage.ptr,
-        storage.nbytes,
-        offset,
-        shape,
-        strides,
-        itemsize,
-        api,
-        _out_of_bounds,
-        sized=False,
-        check_empty=False,
-    )
-
-
-def _out_of_bounds(r: Refusal) -> ValueError:
-    """The error for a view that leaves its storage, whatever `_storage.locate` found."""
-    # PyTorch's setStorage text, extended: it checks only the high end (it has no negative strides).
-    need = (r.high + 1) * r.itemsize
-    msg = (
-        f"{r.api}(): sizes {list(r.shape)}, strides {list(r.strides)}, storage offset {r.offset}, "
-        f"and itemsize {r.itemsize} requiring a storage size of {need} are out of bounds for "
-        f"storage of size {r.nbytes}: the layout reaches elements [{r.low}, {r.high}], outside "
-        f"the storage. Choose a layout that stays inside the tensor's memory."
-    )
-    return ValueError(msg)
-
-
 def _warn_zero_d(name: str, hint: str) -> None:
     """PyTorch 2.13's deprecation warning for ``T``/``mT`` of a 0-d tensor (UserWarning, its words)."""
     warnings.warn(f"Tensor.{name} is deprecated on 0-D tensors. {hint}", UserWarning, stacklevel=3)
