@@ -126,7 +126,7 @@ def frombuffer(
     except BaseException as exc:
         # Release the export now: a traceback keeps its frames, and the frames the export.
         del storage, t
-        raise exc.with_traceback(None)  # the same exception, without those frames
+        raise exc.with_traceback(None)  # noqa: B904  (the same exception, without those frames)
     storage.nbytes = numel * itemsize  # exactly the viewed bytes, as PyTorch's storage
     return t
 
