@@ -828,7 +828,7 @@ class Tensor:
         return self._storage.device.to_dlpack()
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return _buffer.reduce_tensor(self, protocol)
+        return _pickle.reduce_tensor(self, protocol)
 
     @property
     def __array_interface__(self) -> dict[str, Any]:
@@ -1079,4 +1079,4 @@ def equal(a: Tensor, b: Tensor) -> bool:
 
 
 # Protocol modules import Tensor from here; bind them after the class exists.
-from . import _buffer, _dlpack, _format, _interfaces  # noqa: E402
+from . import _buffer, _dlpack, _format, _interfaces, _pickle  # noqa: E402
