@@ -1,15 +1,41 @@
 """Pickling: ``Tensor.__reduce_ex__`` and the functions that rebuild a tensor from a pickle.
 
-Protocol 5 hands the bytes over as a ``pickle.PickleBuffer`` (out of band with
-``buffer_callback``: no copy at all), older protocols as ``bytes``.
+What is sent: the bytes the tensor's elements span, with dtype, shape, strides, storage offset,
+``requires_grad`` and the read-only flag. A dense layout (contiguous in any dimension order,
+reversed, broadcast) is kept as it is; a view with gaps between its elements (a step, a narrowed
+dimension) is packed into a contiguous copy, so that no bytes outside the view travel.
+
+Protocol 5 hands those bytes over as a ``pickle.PickleBuffer`` over the tensor's own memory. With
+``pickle.dumps(t, protocol=5, buffer_callback=...)`` they leave the pickle stream (out of band) and
+nothing is copied; ``pickle.loads(data, buffers=[...])`` is then given one buffer per tensor, which
+the rule below turns back into a tensor. Older protocols carry ``bytes`` in the stream.
+
+The unpickling rule, NumPy's rule for arrays:
+
+* An out-of-band buffer that is **read-only** gives a **read-only tensor over that very memory**,
+  without a copy, even when the pickled tensor was writable. Writes raise; ``clone()`` gives a
+  private writable copy.
+* An out-of-band buffer that is **writable** gives a tensor over it that is writable when the
+  pickled tensor was (writes reach the buffer's owner), read-only when it was not.
+* In band, nothing changes: protocol 5 stores a ``bytearray`` for a writable tensor, which the new
+  tensor adopts (writable), and ``bytes`` for a read-only one, which it shares (read-only).
+  Protocols 0 to 4 store ``bytes``; a writable tensor rebuilt from them gets a writable copy.
+
+Why: the stores that move pickle-5 buffers between processes hand them out read-only, because many
+readers map one copy of the memory (Ray's shared-memory object store; a received network frame;
+an ``mmap`` opened for reading). Copying into writable memory would cost a full pass over the data
+on every read (tens of milliseconds for 64 MiB), and handing out a writable tensor over read-only
+memory would let one reader corrupt what every other reader sees. A read-only tensor is both free
+and safe, and tensorbridge, unlike PyTorch, has read-only tensors. Protocols 0 to 4 keep the copy
+because their ``bytes`` always come from the stream, so a writable tensor stays writable.
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, Final
 
-from . import _buffer
+from . import _buffer, _capi
 from ._device import CPU
 from ._dtype import BY_NAME
 from ._layout import contiguous_strides, extent
@@ -18,15 +44,19 @@ from ._tensor import Tensor
 
 __all__ = ["reduce_tensor"]
 
+# The requests `frombuffer` makes: a simple request is C-contiguous by definition.
+_WRITABLE_REQUEST: Final = _capi.PY_BUF_SIMPLE | _capi.PY_BUF_WRITABLE
+_READONLY_REQUEST: Final = _capi.PY_BUF_SIMPLE
+
 
 def reduce_tensor(t: Tensor, protocol: int) -> tuple[Any, tuple[Any, ...]]:
     """``Tensor.__reduce_ex__``: the tensor's bytes and the metadata to rebuild it.
 
-    Protocol 5 wraps the bytes in a ``pickle.PickleBuffer`` over the tensor's own memory: with
-    ``pickle.dumps(t, protocol=5, buffer_callback=...)`` they travel out of band without a copy,
-    and ``pickle.loads(data, buffers=...)`` builds the tensor over the buffers it is given, again
-    without a copy when they are writable (or the tensor was read-only). Older protocols carry
-    ``bytes``; in band, protocol 5 stores a ``bytearray`` that the new tensor adopts.
+    Protocol 5 wraps the bytes in a ``pickle.PickleBuffer`` over the tensor's own memory and
+    rebuilds with `_rebuild_from_buffer`: with ``pickle.dumps(t, protocol=5, buffer_callback=...)``
+    they travel out of band without a copy, and ``pickle.loads(data, buffers=...)`` builds the
+    tensor over the buffers it is given, never copying (read-only when the buffer is; see the
+    module docstring). Older protocols carry ``bytes`` and rebuild with `_rebuild_tensor`.
 
     The round trip keeps dtype, shape, ``requires_grad``, the read-only flag and the strides, except
     for a view with gaps between its elements (a step, a narrowed dimension), which arrives as a
@@ -44,8 +74,12 @@ def reduce_tensor(t: Tensor, protocol: int) -> tuple[Any, tuple[Any, ...]]:
         )
         raise BufferError(msg)
     data, offset, strides = _pickled_bytes(t)
-    payload: Any = pickle.PickleBuffer(data) if protocol >= 5 else bytes(data)
-    return _rebuild_tensor, (
+    payload: Any
+    if protocol >= 5:
+        rebuild, payload = _rebuild_from_buffer, pickle.PickleBuffer(data)
+    else:
+        rebuild, payload = _rebuild_tensor, bytes(data)
+    return rebuild, (
         payload,
         t._dtype.name,
         tuple(t._shape),
@@ -89,10 +123,53 @@ def _rebuild_tensor(
     readonly: bool,
     requires_grad: bool,
 ) -> Tensor:
-    """Unpickle: a tensor over ``data`` (bytes, bytearray, PickleBuffer, ...), bounds-checked."""
+    """Unpickle protocols 0 to 4 (and protocol 5 pickles written before `_rebuild_from_buffer`).
+
+    A tensor over ``data`` (bytes, bytearray, PickleBuffer, ...), bounds-checked; a writable copy
+    when the tensor was writable and ``data`` is not.
+    """
     return _rebuilt(
         _storage_over(data, readonly), dtype_name, shape, strides, offset, requires_grad
     )
+
+
+def _rebuild_from_buffer(
+    data: Any,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    readonly: bool,
+    requires_grad: bool,
+) -> Tensor:
+    """Unpickle protocol 5: a tensor over ``data``'s memory, never a copy, bounds-checked.
+
+    ``data`` is the in-band ``bytearray`` or ``bytes``, or the out-of-band buffer passed to
+    ``pickle.loads(buffers=...)``. The tensor is read-only when it was pickled read-only or when
+    ``data`` refuses a writable export (NumPy's rule); see the module docstring for why.
+
+    Raises:
+        BufferError: ``data`` exports no C-contiguous buffer.
+        ValueError: the layout reaches outside ``data`` (a malformed pickle).
+    """
+    held = None
+    if not readonly:
+        try:
+            held, view = hold_buffer(data, _WRITABLE_REQUEST)
+        except Exception:  # exporters word "not writable" as BufferError, ValueError (NumPy), ...
+            readonly = True
+    if held is None:
+        try:
+            held, view = hold_buffer(data, _READONLY_REQUEST)
+        except Exception as exc:
+            msg = (
+                f"pickle.loads(): a tensor's buffer must export C-contiguous memory; got "
+                f"{type(data).__name__} ({type(exc).__name__}: {exc}). Pass the buffers that "
+                f"buffer_callback received, or contiguous copies of them."
+            )
+            raise BufferError(msg) from None
+    storage = Storage(view.buf or 0, view.len, CPU, readonly, held)
+    return _rebuilt(storage, dtype_name, shape, strides, offset, requires_grad)
 
 
 def _rebuilt(
@@ -113,9 +190,7 @@ def _rebuilt(
 def _storage_over(data: Any, readonly: bool) -> Storage:
     """A storage sharing ``data``'s memory, or a writable copy when ``data`` cannot be written."""
     try:
-        held, view = hold_buffer(
-            data, _buffer._READONLY_REQUEST if readonly else _buffer._WRITABLE_REQUEST
-        )
+        held, view = hold_buffer(data, _READONLY_REQUEST if readonly else _WRITABLE_REQUEST)
     except Exception:  # exporters word "not writable" as BufferError, ValueError (NumPy), ...
         if readonly:
             raise
