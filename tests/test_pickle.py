@@ -1,7 +1,8 @@
 """Pickling (``Tensor.__reduce_ex__``) and shared memory (``Tensor.share_memory_``).
 
 Round trips keep dtype, shape, strides (dense layouts) or a contiguous copy (views with gaps), the
-read-only flag and requires_grad; protocol 5 moves bytes out of band without copying. Shared-memory
+read-only flag and requires_grad; protocol 5 moves bytes out of band without copying, and a read-only
+out-of-band buffer gives a read-only tensor over that very memory (NumPy's rule). Shared-memory
 tensors cross process boundaries by name through multiprocessing's pickler, so a worker's writes are
 seen by the parent; exports made before ``share_memory_()`` keep the old memory alive.
 """
@@ -21,7 +22,7 @@ from multiprocessing.reduction import ForkingPickler
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _buffer
+from tensorbridge import _buffer, _shared, _tensor
 from tensorbridge._device import Device
 from tensorbridge._layout import extent
 from tensorbridge._storage import Storage
@@ -125,7 +126,7 @@ def test_broadcast_view_stays_small():
 
 
 def test_out_of_band_is_zero_copy():
-    """buffer_callback gets a PickleBuffer over the tensor's memory; loads() maps it back."""
+    """buffer_callback gets a PickleBuffer over the tensor's memory; loads() maps it back, writable."""
     np = _np()
     t = tb.arange(100_000, dtype=tb.float64)
     buffers: list[pickle.PickleBuffer] = []
@@ -139,16 +140,141 @@ def test_out_of_band_is_zero_copy():
     assert t[0].item() == 5.0
 
 
-def test_out_of_band_readonly_buffers_are_copied_for_writable_tensors():
-    """A writable tensor rebuilt from read-only buffers (received bytes) is a writable copy."""
-    t = tb.arange(8, dtype=tb.int32)
+def _out_of_band(t: Tensor) -> tuple[bytes, list[pickle.PickleBuffer]]:
     buffers: list[pickle.PickleBuffer] = []
     data = pickle.dumps(t, protocol=5, buffer_callback=buffers.append)
+    return data, buffers
+
+
+def _address(buffer: object) -> int:
+    """The address of a buffer's first byte (read-only buffers included)."""
+    return tb.frombuffer(buffer, dtype=tb.uint8).data_ptr()
+
+
+@pytest.mark.parametrize(
+    "dtype", sorted(set(ALL_DTYPES), key=lambda d: d.name), ids=lambda d: d.name
+)
+def test_out_of_band_readonly_buffer_gives_a_readonly_view(dtype):
+    """Every dtype: a read-only out-of-band buffer gives a read-only tensor over that very memory."""
+    t = tb.frombuffer(bytearray(range(16 * dtype.itemsize)), dtype=dtype).reshape(4, 4)
+    data, buffers = _out_of_band(t)
+    received = [bytes(b) for b in buffers]  # read-only memory, as a receiver holds it
+    u = pickle.loads(data, buffers=received)
+    assert u.is_readonly
+    assert u.data_ptr() == _address(received[0])
+    assert u.dtype is dtype
+    assert u.shape == t.shape
+    assert u.stride() == t.stride()
+    assert bytes(u._bytes("test")) == bytes(t._bytes("test"))
+
+
+def test_out_of_band_readonly_layouts_keep_strides_and_offset(layout):
+    """Every layout: read-only buffers keep strides and storage offset (views with gaps are packed)."""
+    _, t = layout
+    data, buffers = _out_of_band(t)
+    readonly = [memoryview(b).toreadonly() for b in buffers]
+    u = pickle.loads(data, buffers=readonly)
+    assert u.is_readonly
+    assert u.tolist() == t.tolist()
+    if t.numel() and not _has_gaps(t):
+        assert u.stride() == t.stride()
+        assert u.data_ptr() == t.data_ptr()  # the very memory: no copy anywhere
+    elif t.numel():
+        assert u.is_contiguous()
+
+
+def test_out_of_band_readonly_view_refuses_writes_and_clone_is_private():
+    """Writes to the read-only view raise; clone() is a writable copy that leaves the buffer alone."""
+    t = tb.arange(6, dtype=tb.float32)
+    data, buffers = _out_of_band(t)
     received = [bytes(b) for b in buffers]
     u = pickle.loads(data, buffers=received)
+    with pytest.raises(ValueError, match="read-only"):
+        u[0] = 1.0
+    with pytest.raises(ValueError, match="read-only"):
+        u.fill_(2.0)
+    c = u.clone()
+    assert not c.is_readonly
+    c[0] = 9.0
+    assert u[0].item() == 0.0
+    assert received[0] == t.as_memoryview().tobytes()
+
+
+def test_out_of_band_readonly_view_keeps_the_buffer_alive():
+    """The tensor holds the buffer's export: the memory outlives every other reference to it."""
+    t = tb.arange(1000, dtype=tb.int64)
+    data, buffers = _out_of_band(t)
+    received = [bytes(b) for b in buffers]
+    u = pickle.loads(data, buffers=received)
+    del received, buffers, t
+    gc.collect()
+    churn = [bytes(8000) for _ in range(50)]
+    assert u.tolist() == list(range(1000))
+    del churn
+
+
+def test_out_of_band_writable_buffer_gives_a_writable_view():
+    """A writable out-of-band buffer gives a writable tensor whose writes reach the buffer."""
+    t = tb.arange(4, dtype=tb.int16)
+    data, buffers = _out_of_band(t)
+    received = [bytearray(b) for b in buffers]
+    u = pickle.loads(data, buffers=received)
     assert not u.is_readonly
-    u[0] = 7
-    assert u.tolist() == [7, 1, 2, 3, 4, 5, 6, 7]
+    u[1] = -7
+    assert memoryview(received[0]).cast("h").tolist() == [0, -7, 2, 3]
+
+
+def test_out_of_band_writable_buffer_for_a_readonly_tensor_stays_readonly():
+    """A tensor pickled read-only is rebuilt read-only over a writable buffer too."""
+    t = tb.frombuffer(bytes(range(8)), dtype=tb.uint8)
+    data, buffers = _out_of_band(t)
+    received = [bytearray(b) for b in buffers]
+    u = pickle.loads(data, buffers=received)
+    assert u.is_readonly
+    assert u.data_ptr() == _address(received[0])
+
+
+def test_out_of_band_requires_grad_survives_a_readonly_buffer():
+    """requires_grad is kept when the buffer is read-only."""
+    t = tb.arange(4, dtype=tb.float64).requires_grad_()
+    data, buffers = _out_of_band(t)
+    u = pickle.loads(data, buffers=[bytes(b) for b in buffers])
+    assert u.requires_grad and u.is_readonly
+
+
+def test_out_of_band_strided_buffer_is_refused():
+    """A buffer that is not C-contiguous is a BufferError naming its type, never a wrong view."""
+    data, _ = _out_of_band(tb.arange(4, dtype=tb.uint8))
+    strided = memoryview(bytearray(8))[::2]
+    with pytest.raises(BufferError, match=r"C-contiguous.*memoryview"):
+        pickle.loads(data, buffers=[strided])
+
+
+def test_out_of_band_short_buffer_is_bounds_checked():
+    """A buffer shorter than the tensor's layout is a ValueError, never an out-of-bounds view."""
+    data, _ = _out_of_band(tb.arange(4, dtype=tb.float64))
+    with pytest.raises(ValueError, match="outside the storage"):
+        pickle.loads(data, buffers=[bytes(16)])
+
+
+def test_in_band_protocol_4_bytes_still_copy_for_a_writable_tensor():
+    """In band, protocols 0 to 4 keep today's rule: a writable tensor gets a writable copy."""
+    t = tb.arange(4, dtype=tb.int32)
+    for protocol in range(5):
+        u = pickle.loads(pickle.dumps(t, protocol=protocol))
+        assert not u.is_readonly
+        u[0] = 5
+        assert t[0].item() == 0
+
+
+def test_pickles_naming_the_old_module_still_load():
+    """A pickle that names tensorbridge._buffer._rebuild_tensor (earlier versions) still loads."""
+    new = pickle.dumps(tb.arange(3, dtype=tb.int64), protocol=2)
+    old = new.replace(b"tensorbridge._tensor", b"tensorbridge._buffer")
+    assert old != new
+    u = pickle.loads(old)
+    assert u.tolist() == [0, 1, 2]
+    assert not u.is_readonly
 
 
 def test_out_of_band_readonly_tensor_shares_readonly_buffers():
@@ -182,6 +308,8 @@ def test_malformed_pickle_is_bounds_checked():
     """Metadata pointing outside the pickled bytes is a ValueError, never an out-of-bounds view."""
     with pytest.raises(ValueError, match="outside the storage"):
         _buffer._rebuild_tensor(bytearray(8), "float64", (2,), (1,), 0, False, False)
+    with pytest.raises(ValueError, match="outside the storage"):
+        _tensor._rebuild_from_buffer(bytes(8), "float64", (2,), (1,), 0, False, False)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -221,7 +349,7 @@ def test_share_memory_moves_the_storage():
     t = base.reshape(3, 4)[1:]
     before = t.tolist()
     assert t.share_memory_() is t
-    assert isinstance(t._storage.owner, _buffer._SharedBlock)
+    assert isinstance(t._storage.owner, _shared._SharedBlock)
     assert base._storage is t._storage
     assert t.tolist() == before
     base[4] = -1.0
@@ -283,7 +411,7 @@ def test_shared_tensor_written_by_a_worker(pool):
     view = t[2:5]
     back = pool.submit(operator.methodcaller("fill_", 7.0), view).result()
     assert t.tolist() == [0.0, 0.0, 7.0, 7.0, 7.0, 0.0]
-    assert isinstance(back._storage.owner, _buffer._SharedBlock)
+    assert isinstance(back._storage.owner, _shared._SharedBlock)
     assert back._storage.owner.name == t._storage.owner.name
     back[0] = -1.0
     assert t[2].item() == -1.0
@@ -306,7 +434,7 @@ def test_plain_pickle_of_a_shared_tensor_carries_bytes():
     """pickle.dumps (not multiprocessing) sends the values, so the pickle outlives the segment."""
     t = tb.arange(3).share_memory_()
     u = pickle.loads(pickle.dumps(t))
-    assert not isinstance(u._storage.owner, _buffer._SharedBlock)
+    assert not isinstance(u._storage.owner, _shared._SharedBlock)
     u[0] = 5
     assert t[0].item() == 0
 
@@ -317,7 +445,7 @@ def test_segment_is_unlinked_when_the_storage_dies():
     name = t._storage.owner.name
     del t
     gc.collect()
-    assert name not in _buffer._CREATED
+    assert name not in _shared._CREATED
     with pytest.raises(FileNotFoundError):
         shared_memory.SharedMemory(name=name)
 

@@ -18,10 +18,9 @@ import stat
 from typing import Any, Final
 
 from ._args import GRAD_MSG_CREATE, as_bool, as_int
-from ._buffer import _READONLY_REQUEST, _WRITABLE_REQUEST
 from ._device import CPU
 from ._dtype import DType, as_dtype, float32
-from ._storage import Storage, allocate, hold_buffer
+from ._storage import READONLY_REQUEST, WRITABLE_REQUEST, Storage, allocate, hold_buffer
 from ._tensor import Tensor
 
 __all__ = ["from_file"]
@@ -198,5 +197,5 @@ def _map(
             raise RuntimeError(msg) from None
     finally:
         os.close(fd)  # the mapping keeps a descriptor of its own
-    held, view = hold_buffer(mapping, _READONLY_REQUEST if readonly else _WRITABLE_REQUEST)
+    held, view = hold_buffer(mapping, READONLY_REQUEST if readonly else WRITABLE_REQUEST)
     return Storage(view.buf + (offset - start), nbytes, CPU, readonly, held)

@@ -398,6 +398,12 @@ class BufferStorage(_SelfOwned):
         _release(self.view)
 
 
+# The buffer requests tensorbridge makes, as PyTorch and NumPy do, writable first: a simple request
+# (no shape, no strides) is C-contiguous by definition, ``len`` contiguous bytes or a failure.
+WRITABLE_REQUEST: Final = _capi.PY_BUF_SIMPLE | _capi.PY_BUF_WRITABLE
+READONLY_REQUEST: Final = _capi.PY_BUF_SIMPLE
+
+
 def hold_buffer(obj: object, flags: int) -> tuple[BufferStorage, _capi.Py_buffer]:
     """Acquire ``obj``'s buffer with ``flags``: the owner that releases it exactly once, and the view."""
     held = BufferStorage(obj, flags)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import itertools
 import math
+import pickle
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -25,6 +26,8 @@ from . import (
     _layout,
     _memory,
     _peers,
+    _pickle,
+    _shared,
 )
 from ._args import GRAD_MSG, GRAD_MSG_METHOD
 from ._device import CPU, Device, as_device
@@ -847,7 +850,9 @@ class Tensor:
         return self._storage.device.to_dlpack()
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return _buffer.reduce_tensor(self, protocol)
+        return _rebuild_from_buffer if protocol >= 5 else _rebuild_tensor, _pickle.reduce_args(
+            self, protocol
+        )
 
     @property
     def __array_interface__(self) -> dict[str, Any]:
@@ -874,7 +879,9 @@ class Tensor:
 
     def share_memory_(self) -> Tensor:
         """Move the storage into shared memory another process can map; returns ``self``."""
-        return _buffer.share_memory(self)
+        _shared.share_memory(self)
+        _shared.register_process_reducer(Tensor, _reduce_for_process)
+        return self
 
     def torch(self, *, force: bool = False) -> Any:
         """A ``torch.Tensor`` sharing this memory, keeping ``requires_grad`` (needs PyTorch).
@@ -1132,5 +1139,76 @@ def equal(a: Tensor, b: Tensor) -> bool:
     return all(x == y for x, y in zip(a._values("equal"), b._values("equal")))
 
 
-# Pickling and shared memory still build tensors above this module; bound after the class exists.
-from . import _buffer  # noqa: E402
+# ---------------------------------------------------------------------------------------------- pickles
+# The functions a pickle names to rebuild a tensor live beside the class; `_pickle` and `_shared`
+# (below) supply the storages. Each layout goes through `Tensor._new`: a crafted pickle cannot
+# reach outside its storage.
+def _rebuild_tensor(
+    data: Any,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    readonly: bool,
+    requires_grad: bool,
+) -> Tensor:
+    """Unpickle protocols 0 to 4 (and protocol 5 pickles written before `_rebuild_from_buffer`).
+
+    A tensor over ``data`` (bytes, bytearray, PickleBuffer, ...); a writable copy when the tensor
+    was writable and ``data`` is not.
+    """
+    storage = _pickle.storage_over(data, readonly)
+    return _rebuilt(storage, dtype_name, shape, strides, offset, requires_grad)
+
+
+def _rebuild_from_buffer(
+    data: Any,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    readonly: bool,
+    requires_grad: bool,
+) -> Tensor:
+    """Unpickle protocol 5: a tensor over ``data``'s memory, never a copy (see `_pickle`)."""
+    storage = _pickle.buffer_storage(data, readonly)
+    return _rebuilt(storage, dtype_name, shape, strides, offset, requires_grad)
+
+
+def _reduce_for_process(t: Tensor) -> tuple[Any, tuple[Any, ...]]:
+    """``multiprocessing``'s reducer: shared-memory tensors by segment name, others as pickles."""
+    args = _shared.process_args(t)
+    if args is None:
+        return t.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+    return _rebuild_shared, args
+
+
+def _rebuild_shared(
+    name: str,
+    nbytes: int,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    readonly: bool,
+    requires_grad: bool,
+) -> Tensor:
+    """Unpickle a shared-memory tensor: map the segment by name (every process sees each write)."""
+    storage = _shared.attach_storage(name, nbytes, readonly)
+    t = _rebuilt(storage, dtype_name, shape, strides, offset, requires_grad)
+    _shared.register_process_reducer(Tensor, _reduce_for_process)  # sent on by name from here too
+    return t
+
+
+def _rebuilt(
+    storage: Storage,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    requires_grad: bool,
+) -> Tensor:
+    t = Tensor._new(storage, offset, shape, strides, _dtype.BY_NAME[dtype_name], "__reduce_ex__")
+    if requires_grad:
+        t.requires_grad_(True)
+    return t

@@ -39,6 +39,7 @@ from .errors import one_line
 from .exchange import BROKEN, Cell, Exchange
 from .peers import SIDES
 from .progress import Progress
+from .scaleout import start as start_scaleout
 from .sides import MemoryviewSide, Side, Stdlib, TensorbridgeSide, stdlib_producers
 
 __all__ = ["Options", "Report", "run"]
@@ -178,6 +179,7 @@ def run(options: Options, stderr: TextIO | None = None) -> Report:
     progress = Progress(options.progress, stderr or sys.stderr)
     libraries = find_libraries()
     child = _start_child(options, libraries)
+    scale = start_scaleout(libraries, options.peers) if options.child_checks else None
     try:
         sides = _load_sides(libraries, options.peers, progress)
         tbside = TensorbridgeSide()
@@ -196,9 +198,14 @@ def run(options: Options, stderr: TextIO | None = None) -> Report:
         if child is not None and "torch" in by_key:
             progress("waiting for the child-interpreter check")
             checks.append(child.result())
+        if scale is not None:
+            progress(scale.waiting_line)
+            checks += scale.result()
     finally:
         if child is not None:
             child.stop()
+        if scale is not None:
+            scale.stop()
         progress.close()
     report = Report(libraries, devices, matrix, dtypes, checks)
     report.elapsed_s = time.perf_counter() - start

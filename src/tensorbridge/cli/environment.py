@@ -39,6 +39,9 @@ _SPECS: Final = (
     _Spec("tvm_ffi", "TVM FFI", "tvm_ffi", ("apache-tvm-ffi",)),
     _Spec("pydlpack", "pydlpack", "dlpack", ("pydlpack",)),
     _Spec("ctypes_dlpack", "ctypes-dlpack", "ctypes_dlpack", ("ctypes-dlpack",)),
+    # Transports between processes, checked by `scaleout` rather than exchanged with.
+    _Spec("ray", "Ray", "ray", ("ray",)),
+    _Spec("dask", "Dask distributed", "distributed", ("distributed",)),
 )
 
 

@@ -1,0 +1,157 @@
+"""Pickling: what ``Tensor.__reduce_ex__`` sends, and the storages a pickle is rebuilt over.
+
+Below `Tensor`: the rebuild functions a pickle names live beside the class, in `_tensor`, and
+call `buffer_storage` (protocol 5) or `storage_over` (protocols 0 to 4) from here.
+
+What is sent: the bytes the tensor's elements span, with dtype, shape, strides, storage offset,
+``requires_grad`` and the read-only flag. A dense layout (contiguous in any dimension order,
+reversed, broadcast) is kept as it is; a view with gaps between its elements (a step, a narrowed
+dimension) is packed into a contiguous copy, so that no bytes outside the view travel.
+
+Protocol 5 hands those bytes over as a ``pickle.PickleBuffer`` over the tensor's own memory. With
+``pickle.dumps(t, protocol=5, buffer_callback=...)`` they leave the pickle stream (out of band) and
+nothing is copied; ``pickle.loads(data, buffers=[...])`` is then given one buffer per tensor, which
+the rule below turns back into a tensor. Older protocols carry ``bytes`` in the stream.
+
+The unpickling rule, NumPy's rule for arrays:
+
+* An out-of-band buffer that is **read-only** gives a **read-only tensor over that very memory**,
+  without a copy, even when the pickled tensor was writable. Writes raise; ``clone()`` gives a
+  private writable copy.
+* An out-of-band buffer that is **writable** gives a tensor over it that is writable when the
+  pickled tensor was (writes reach the buffer's owner), read-only when it was not.
+* In band, nothing changes: protocol 5 stores a ``bytearray`` for a writable tensor, which the new
+  tensor adopts (writable), and ``bytes`` for a read-only one, which it shares (read-only).
+  Protocols 0 to 4 store ``bytes``; a writable tensor rebuilt from them gets a writable copy.
+
+Why: the stores that move pickle-5 buffers between processes hand them out read-only, because many
+readers map one copy of the memory (Ray's shared-memory object store; a received network frame;
+an ``mmap`` opened for reading). Copying into writable memory would cost a full pass over the data
+on every read (tens of milliseconds for 64 MiB), and handing out a writable tensor over read-only
+memory would let one reader corrupt what every other reader sees. A read-only tensor is both free
+and safe, and tensorbridge, unlike PyTorch, has read-only tensors. Protocols 0 to 4 keep the copy
+because their ``bytes`` always come from the stream, so a writable tensor stays writable.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import TYPE_CHECKING, Any
+
+from ._buffer_export import host_memoryview
+from ._device import CPU
+from ._dtype import uint8
+from ._layout import contiguous_strides, extent
+from ._storage import READONLY_REQUEST, WRITABLE_REQUEST, Storage, allocate, hold_buffer
+
+if TYPE_CHECKING:
+    from ._tensor import Tensor
+
+__all__ = ["buffer_storage", "reduce_args", "storage_over"]
+
+
+def reduce_args(t: Tensor, protocol: int) -> tuple[Any, ...]:
+    """``Tensor.__reduce_ex__``'s arguments: the tensor's bytes and the metadata to rebuild it.
+
+    Protocol 5 wraps the bytes in a ``pickle.PickleBuffer`` over the tensor's own memory (rebuilt
+    by ``_tensor._rebuild_from_buffer``): with ``pickle.dumps(t, protocol=5, buffer_callback=...)``
+    they travel out of band without a copy, and ``pickle.loads(data, buffers=...)`` builds the
+    tensor over the buffers it is given, never copying (read-only when the buffer is; see the
+    module docstring). Older protocols carry ``bytes`` (rebuilt by ``_tensor._rebuild_tensor``).
+
+    The round trip keeps dtype, shape, ``requires_grad``, the read-only flag and the strides, except
+    for a view with gaps between its elements (a step, a narrowed dimension), which arrives as a
+    contiguous copy so that no bytes outside the view travel. Plain pickling always carries the
+    bytes, for tensors in shared memory too; only ``multiprocessing`` sends those by name.
+
+    Raises:
+        BufferError: the memory is not on the host.
+    """
+    storage = t._storage
+    if not storage.device.is_host_accessible:
+        msg = (
+            f"__reduce_ex__(): cannot pickle a tensor whose memory is on {storage.device}; "
+            f"move it to the CPU with the library that owns the device memory first."
+        )
+        raise BufferError(msg)
+    data, offset, strides = _pickled_bytes(t)
+    payload = pickle.PickleBuffer(data) if protocol >= 5 else bytes(data)
+    return (
+        payload,
+        t._dtype.name,
+        tuple(t._shape),
+        strides,
+        offset,
+        storage.readonly,
+        t._requires_grad,
+    )
+
+
+def _pickled_bytes(t: Tensor) -> tuple[memoryview | bytearray, int, tuple[int, ...]]:
+    """The bytes to pickle, and the element offset and strides of the tensor inside them.
+
+    When the elements span no more memory than they number (contiguous in any dimension order,
+    reversed, broadcast), that span is sent and the layout kept; a view with gaps is packed.
+    """
+    storage, itemsize = t._storage, t._dtype.itemsize
+    span = extent(t._offset, t._shape, t._strides)
+    if span is None:
+        return bytearray(), 0, t._strides  # no elements, no bytes: any strides fit
+    low, high = span
+    if high - low + 1 <= t.numel():
+        view = host_memoryview(
+            storage.ptr + low * itemsize,
+            uint8.buffer_format,
+            1,
+            ((high - low + 1) * itemsize,),
+            readonly=storage.readonly,
+            owner=storage.owner,
+        )
+        return view, t._offset - low, t._strides
+    return t._bytes("__reduce_ex__"), 0, contiguous_strides(t._shape)
+
+
+def buffer_storage(data: Any, readonly: bool) -> Storage:
+    """Protocol 5: a storage over ``data``'s own memory, never a copy.
+
+    ``data`` is the in-band ``bytearray`` or ``bytes``, or the out-of-band buffer passed to
+    ``pickle.loads(buffers=...)``. The storage is read-only when the tensor was pickled read-only
+    or when ``data`` refuses a writable export (NumPy's rule); see the module docstring for why.
+
+    Raises:
+        BufferError: ``data`` exports no C-contiguous buffer.
+    """
+    held = None
+    if not readonly:
+        try:
+            held, view = hold_buffer(data, WRITABLE_REQUEST)
+        except Exception:  # exporters word "not writable" as BufferError, ValueError (NumPy), ...
+            readonly = True
+    if held is None:
+        try:
+            held, view = hold_buffer(data, READONLY_REQUEST)
+        except Exception as exc:
+            msg = (
+                f"pickle.loads(): a tensor's buffer must export C-contiguous memory; got "
+                f"{type(data).__name__} ({type(exc).__name__}: {exc}). Pass the buffers that "
+                f"buffer_callback received, or contiguous copies of them."
+            )
+            raise BufferError(msg) from None
+    return Storage(view.buf or 0, view.len, CPU, readonly, held)
+
+
+def storage_over(data: Any, readonly: bool) -> Storage:
+    """A storage sharing ``data``'s memory, or a writable copy when ``data`` cannot be written."""
+    try:
+        held, view = hold_buffer(data, READONLY_REQUEST if readonly else WRITABLE_REQUEST)
+    except Exception:  # exporters word "not writable" as BufferError, ValueError (NumPy), ...
+        if readonly:
+            raise
+        # A read-only buffer for a writable tensor (``bytes`` from protocol <= 4, out-of-band
+        # buffers the receiver made read-only): copy, so the tensor is writable as it was.
+        source = memoryview(data).cast("B")
+        storage = allocate(source.nbytes)
+        if source.nbytes:
+            storage.host_view("__reduce_ex__")[:] = source
+        return storage
+    return Storage(view.buf or 0, view.len, CPU, readonly, held)
