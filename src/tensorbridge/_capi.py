@@ -8,6 +8,7 @@ the GIL and turns a set Python error into an exception.
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any, Final
 
 __all__ = [
@@ -50,6 +51,10 @@ PyCapsule_GetName: Final = _bind("PyCapsule_GetName", _vp, _py)
 PyCapsule_SetName: Final = _bind("PyCapsule_SetName", _int, _py, _cp)
 PyCapsule_SetDestructor: Final = _bind("PyCapsule_SetDestructor", _int, _py, _vp)
 PyErr_Clear: Final = _bind("PyErr_Clear", None)
+# PyObject *PyErr_GetRaisedException(void) (3.12+): takes the pending exception out; NULL if none.
+PyErr_GetRaisedException: Final = (
+    _bind("PyErr_GetRaisedException", _vp) if sys.version_info >= (3, 12) else None
+)
 
 
 class Py_buffer(ctypes.Structure):

@@ -29,6 +29,14 @@ from typing import Any, Final, NamedTuple
 
 from . import _capi, _cuda, _dtype, _layout
 from ._args import as_int
+from ._arrow_abi import ARROW_ARRAY as _ARROW_ARRAY
+from ._arrow_abi import ARROW_ARRAY_STREAM as _ARROW_ARRAY_STREAM
+from ._arrow_abi import ARROW_BOOL as _ARROW_BOOL
+from ._arrow_abi import ARROW_SCHEMA as _ARROW_SCHEMA
+from ._arrow_abi import ArrowArray, ArrowArrayStream, ArrowSchema
+from ._arrow_abi import ArrowGet as _ArrowGet
+from ._arrow_abi import ArrowLastError as _ArrowLastError
+from ._arrow_abi import ArrowRelease as _ArrowRelease
 from ._device import CPU, Device
 from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
 from ._errors import short_repr
@@ -376,69 +384,6 @@ def _cai_stream(stream: object, api: str) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------- Arrow
-class ArrowSchema(ctypes.Structure):
-    """``struct ArrowSchema`` (Arrow C data interface)."""
-
-
-ArrowSchema._fields_ = (
-    ("format", ctypes.c_char_p),
-    ("name", ctypes.c_char_p),
-    ("metadata", ctypes.c_void_p),
-    ("flags", ctypes.c_int64),
-    ("n_children", ctypes.c_int64),
-    ("children", ctypes.POINTER(ctypes.POINTER(ArrowSchema))),
-    ("dictionary", ctypes.POINTER(ArrowSchema)),
-    (
-        "release",
-        ctypes.c_void_p,
-    ),  # void (*release)(struct ArrowSchema*): called through _ArrowRelease
-    ("private_data", ctypes.c_void_p),
-)
-
-
-class ArrowArray(ctypes.Structure):
-    """``struct ArrowArray`` (Arrow C data interface)."""
-
-
-ArrowArray._fields_ = (
-    ("length", ctypes.c_int64),
-    ("null_count", ctypes.c_int64),
-    ("offset", ctypes.c_int64),
-    ("n_buffers", ctypes.c_int64),
-    ("n_children", ctypes.c_int64),
-    ("buffers", ctypes.POINTER(ctypes.c_void_p)),
-    ("children", ctypes.POINTER(ctypes.POINTER(ArrowArray))),
-    ("dictionary", ctypes.POINTER(ArrowArray)),
-    ("release", ctypes.c_void_p),  # void (*release)(struct ArrowArray*)
-    ("private_data", ctypes.c_void_p),
-)
-
-
-class ArrowArrayStream(ctypes.Structure):
-    """``struct ArrowArrayStream`` (Arrow C stream interface); callbacks kept as raw addresses."""
-
-    _fields_ = (
-        (
-            "get_schema",
-            ctypes.c_void_p,
-        ),  # int (*)(struct ArrowArrayStream*, struct ArrowSchema* out)
-        ("get_next", ctypes.c_void_p),  # int (*)(struct ArrowArrayStream*, struct ArrowArray* out)
-        ("get_last_error", ctypes.c_void_p),  # const char* (*)(struct ArrowArrayStream*)
-        ("release", ctypes.c_void_p),  # void (*)(struct ArrowArrayStream*)
-        ("private_data", ctypes.c_void_p),
-    )
-
-
-# Each struct's release takes a pointer to that struct; one void* prototype serves all three.
-_ArrowRelease = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_ArrowGet = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-_ArrowLastError = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)
-
-_ARROW_SCHEMA: Final = b"arrow_schema"
-_ARROW_ARRAY: Final = b"arrow_array"
-_ARROW_ARRAY_STREAM: Final = b"arrow_array_stream"
-
-_ARROW_BOOL: Final = b"b"  # bit-packed: one bit per value, so it is unpacked into a copy
 _BITS_TO_BYTES: Final = bytes.maketrans(b"01", b"\x00\x01")
 
 

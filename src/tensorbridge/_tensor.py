@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import (
+    _arrow_export,
     _buffer_export,
     _codec,
     _dlpack_export,
@@ -848,6 +849,24 @@ class Tensor:
     def __dlpack_device__(self) -> tuple[Any, int]:
         """``(DLDeviceType, device_id)`` of this tensor's memory."""
         return self._storage.device.to_dlpack()
+
+    def __arrow_c_schema__(self) -> Any:
+        """An ``"arrow_schema"`` capsule of this tensor's Arrow type; see `_arrow_export`."""
+        return _arrow_export.export_schema(self._shape, self._dtype)
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> tuple[Any, Any]:
+        """Arrow PyCapsules sharing this memory (``pyarrow.array(t)``): 1-d as a primitive array,
+        n-d as ``arrow.fixed_shape_tensor``; bool and non-contiguous layouts are copied. See
+        `_arrow_export`."""
+        return _arrow_export.export_array(
+            self._storage,
+            self._offset,
+            self._shape,
+            self._strides,
+            self._dtype,
+            self._requires_grad,
+            requested_schema,
+        )
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return _rebuild_from_buffer if protocol >= 5 else _rebuild_tensor, _pickle.reduce_args(
