@@ -79,6 +79,10 @@ from ._file import from_file
 
 __all__ += ["from_file", "frombuffer"]
 
+from ._npy import load_npy, save_npy
+
+__all__ += ["load_npy", "save_npy"]
+
 from ._convert import asarray, from_pointer
 from ._interfaces import to_torch
 
