@@ -387,7 +387,7 @@ def test_package_refuses_what_we_refuse():
     """The safetensors package also refuses gaps, trailing bytes and offset mismatches."""
     safetensors = pytest.importorskip("safetensors")
     for case in ("gap", "trailing", "size mismatch", "reversed", "overlap", "out of range"):
-        with pytest.raises(Exception, match="offset|covered|invalid"):
+        with pytest.raises(Exception, match=r"offset|covered|invalid"):
             safetensors.deserialize(HOSTILE[case][0])
 
 

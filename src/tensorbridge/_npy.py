@@ -262,6 +262,25 @@ def _read_stream(f: Any, source: str, api: str) -> Tensor:
     )
     nbytes = _nbytes(shape, dtype)
     leftover = blob[offset:]
+    remaining = _remaining(f)
+    if remaining is not None and len(leftover) + remaining < nbytes:
+        what = f"the data needs {nbytes} bytes after the header but the file has {len(leftover) + remaining}"
+        raise _bad(api, source, what, list(shape))
+    if remaining is None:  # unknown length: read in bounded chunks before allocating
+        chunks = [leftover]
+        got = len(leftover)
+        while got < nbytes:
+            chunk = f.read(min(nbytes - got, 1 << 26))
+            if not chunk:
+                raise _bad(
+                    api,
+                    source,
+                    f"the file ends after {got} of the {nbytes} data bytes",
+                    list(shape),
+                )
+            chunks.append(chunk)
+            got += len(chunk)
+        leftover = b"".join(chunks)
     storage = allocate(nbytes)
     view = storage.host_view(api)
     got = min(len(leftover), nbytes)
@@ -279,6 +298,19 @@ def _read_stream(f: Any, source: str, api: str) -> Tensor:
     if swapped:
         _swap(view, dtype)
     return Tensor._new(storage, 0, shape, _strides(shape, fortran), dtype, api)
+
+
+def _remaining(f: Any) -> int | None:
+    """Bytes left after the position of a seekable file, or None when it cannot tell."""
+    try:
+        if not f.seekable():
+            return None
+        here = f.tell()
+        end = f.seek(0, os.SEEK_END)
+        f.seek(here)
+    except (AttributeError, OSError, ValueError):
+        return None
+    return int(end - here)
 
 
 def _header(t: Tensor, api: str) -> bytes:
