@@ -5,4 +5,4 @@
 ``python -m benchmarks.bench_dlpack --quick``.
 """
 
-SCRIPTS = ("bench_dlpack", "bench_buffer", "bench_file", "bench_asarray")
+SCRIPTS = ("bench_dlpack", "bench_buffer", "bench_file", "bench_asarray", "bench_safetensors")
