@@ -95,15 +95,16 @@ class Header:
         self.metadata = metadata
 
 
-class _Duplicate(Exception):
-    pass
+# The first argument of the ValueError `_pairs` raises for a duplicate key (a module-private
+# exception class would be an exception users could meet that tensorbridge does not export).
+_DUPLICATE: Final = object()
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _Duplicate(key)
+            raise ValueError(_DUPLICATE, key)
         out[key] = value
     return out
 
@@ -158,9 +159,9 @@ def parse_header(
         raise _bad(api, source, f"the header is not UTF-8 ({exc.reason})", raw[:64]) from None
     try:
         obj = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
-    except _Duplicate as exc:
-        raise _bad(api, source, "the header names a key twice", exc.args[0]) from None
     except (ValueError, RecursionError) as exc:
+        if exc.args and exc.args[0] is _DUPLICATE:
+            raise _bad(api, source, "the header names a key twice", exc.args[1]) from None
         raise _bad(api, source, f"the header is not JSON ({exc})", text[:64]) from None
     if obj.__class__ is not dict:
         raise _bad(api, source, "the header is not a JSON object", text[:64])
