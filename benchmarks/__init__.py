@@ -5,4 +5,11 @@
 ``python -m benchmarks.bench_dlpack --quick``.
 """
 
-SCRIPTS = ("bench_dlpack", "bench_buffer", "bench_file", "bench_asarray", "bench_scaleout")
+SCRIPTS = (
+    "bench_dlpack",
+    "bench_buffer",
+    "bench_file",
+    "bench_asarray",
+    "bench_safetensors",
+    "bench_scaleout",
+)

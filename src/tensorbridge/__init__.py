@@ -75,6 +75,10 @@ from ._file import from_file
 
 __all__ += ["from_file", "frombuffer"]
 
+from ._npy import load_npy, save_npy
+
+__all__ += ["load_npy", "save_npy"]
+
 from ._convert import as_tensor, asarray, from_pointer, tensor
 from ._peers import to_torch
 
