@@ -13,7 +13,6 @@ memory `_shared`: all three below `Tensor`.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 from . import _capi
@@ -23,7 +22,6 @@ from ._storage import (
     READONLY_REQUEST,
     WRITABLE_REQUEST,
     BufferStorage,
-    Refusal,
 )
 from ._tensor import Tensor
 
@@ -93,19 +91,15 @@ def frombuffer(
         length = storage.nbytes
         numel = _element_count(length, count, offset, itemsize)
         # The storage spans the buffer from ``offset``; the one bounds check (`Tensor._new`)
-        # refuses a count reaching past its end, in PyTorch's words.
+        # refuses a count reaching past its end, reworded as PyTorch words it.
         storage.ptr += offset
         storage.nbytes = length - offset
-        t = Tensor._new(
-            storage,
-            0,
-            (numel,),
-            (1,),
-            dtype,
-            "frombuffer",
-            requires_grad,
-            functools.partial(_too_long, count, offset, length),
-        )
+        try:
+            t = Tensor._new(storage, 0, (numel,), (1,), dtype, "frombuffer", requires_grad)
+        except ValueError:  # the only refusal possible here: the count reaches past the end
+            t = None  # raised below, outside this handler: no context keeps the export alive
+        if t is None:
+            raise _too_long(count, offset, length, itemsize)
         if requires_grad and dtype.kind not in "fc":
             msg = f"frombuffer(): {GRAD_MSG_CREATE}; got dtype {dtype}. Pass a floating dtype."
             raise RuntimeError(msg)
@@ -173,11 +167,11 @@ def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
     return count  # checked against the buffer's length by `_storage.locate`
 
 
-def _too_long(count: int, offset: int, length: int, r: Refusal) -> ValueError:
-    """PyTorch's words for a count that reaches past the buffer (any reason `locate` gives)."""
+def _too_long(count: int, offset: int, length: int, itemsize: int) -> ValueError:
+    """PyTorch's words for a count that reaches past the end of the buffer."""
     # Python ints: a huge count cannot wrap into a small request as PyTorch's size_t sum does.
     msg = (
-        f"frombuffer(): requested buffer length ({count} * {r.itemsize} bytes) after offset "
+        f"frombuffer(): requested buffer length ({count} * {itemsize} bytes) after offset "
         f"({offset} bytes) must not be greater than actual buffer length ({length} bytes)"
     )
     return ValueError(msg)

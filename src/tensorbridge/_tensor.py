@@ -36,7 +36,7 @@ from ._dtype import DType, as_dtype
 from ._indexing import INDEX_DTYPES, UINT8_INDEX_WARNING, Advanced, parse_index, warn
 from ._indexing import check_bounds as check_index_bounds
 from ._layout import Size
-from ._storage import Refusal, Storage, allocate, check_view
+from ._storage import Storage, allocate, check_view
 
 __all__ = ["Tensor"]
 
@@ -106,7 +106,6 @@ class Tensor:
         dtype: DType,
         api: str = "Tensor._new",
         requires_grad: bool = False,
-        fail: Callable[[Refusal], BaseException] | None = None,
     ) -> Tensor:
         """The validating constructor, the one way other modules build tensors.
 
@@ -117,7 +116,7 @@ class Tensor:
             shape = tuple(shape)
         if strides.__class__ is not tuple:
             strides = tuple(strides)
-        check_view(storage, offset, shape, strides, dtype.itemsize, api, fail)
+        check_view(storage, offset, shape, strides, dtype.itemsize, api)
         return cls._make(storage, offset, shape, strides, dtype, requires_grad)
 
     # ------------------------------------------------------------------ metadata
