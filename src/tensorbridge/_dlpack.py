@@ -70,14 +70,10 @@ from ._tensor import Tensor
 
 __all__ = ["from_dlpack", "to_dlpack"]
 
-# The version asked of producers and reported on export.
-_MAX_VERSION: Final = DLPACK_VERSION
 _kDLCPU: Final = int(DLDeviceType.kDLCPU)
 _kDLCUDA: Final = int(DLDeviceType.kDLCUDA)
 _kDLROCM: Final = int(DLDeviceType.kDLROCM)
-_MAX_VERSION_ONLY: Final = {"max_version": _MAX_VERSION}
-_HOST_TYPES: Final = HOST_TYPES
-_ADDRESSABLE: Final = ADDRESSABLE_TYPES
+_MAX_VERSION_ONLY: Final = {"max_version": DLPACK_VERSION}
 
 _TORCH_CONSUMED: Final = (
     "from_dlpack received an invalid capsule. Note that DLTensor capsules can be consumed only "
@@ -305,13 +301,13 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
         and type(source[1]) is int
     ):
         source = _device_pair(obj, source)  # an IntEnum pair (PyTorch), a list, or garbage
-    if target is None and copy is None and (source is None or source[0] in _HOST_TYPES):
+    if target is None and copy is None and (source is None or source[0] in HOST_TYPES):
         kwargs: dict[str, Any] = _MAX_VERSION_ONLY
     else:
         kwargs = _request_kwargs(source, target, copy)
     try:
         if kwargs is _MAX_VERSION_ONLY:
-            capsule = export(max_version=_MAX_VERSION)  # the common case: nothing else to ask
+            capsule = export(max_version=DLPACK_VERSION)  # the common case: nothing else to ask
         else:
             capsule = export(**kwargs)
     except TypeError as exc:
@@ -348,7 +344,7 @@ def _device_pair(obj: Any, source: Any) -> tuple[int, int]:
 def _request_kwargs(
     source: tuple[int, int] | None, target: Device | None, copy: bool | None
 ) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"max_version": _MAX_VERSION}
+    kwargs: dict[str, Any] = {"max_version": DLPACK_VERSION}
     # A copy to the host is synchronised by the producer and takes no stream (DLPack: a stream is
     # asked for only when the consumer will use the data on the producer's device).
     to_host = target is not None and target.dlpack_type == DLDeviceType.kDLCPU
@@ -412,7 +408,7 @@ def _fewer_keywords(
     lost = [name for name in kwargs if name not in fewer]
     if not lost:
         return None  # the producer takes every keyword: the error is about something else
-    host = source is not None and source[0] in _HOST_TYPES
+    host = source is not None and source[0] in HOST_TYPES
     moved = (
         "dl_device" in lost
         and target is not None
@@ -503,7 +499,7 @@ def _versioned(managed: int) -> tuple[Tensor, int]:
         msg = (
             f"from_dlpack(): the capsule holds a DLPack {major}.{minor} tensor; tensorbridge "
             f"reads major version {DLPACK_MAJOR_VERSION} only. Upgrade tensorbridge or ask the "
-            f"producer for max_version={_MAX_VERSION}."
+            f"producer for max_version={DLPACK_VERSION}."
         )
         raise BufferError(msg)
     readonly = flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
@@ -551,7 +547,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         raise BufferError(msg)
     itemsize = dtype.itemsize
     try:
-        if dev_type in _ADDRESSABLE:
+        if dev_type in ADDRESSABLE_TYPES:
             start, nbytes, offset = locate(
                 data + byte_offset,
                 None,

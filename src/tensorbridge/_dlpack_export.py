@@ -53,12 +53,9 @@ if TYPE_CHECKING:
 
 __all__ = ["dlpack_export", "exchange_export", "has_negative_stride"]
 
-# The version asked of producers and reported on export.
-_MAX_VERSION: Final = DLPACK_VERSION
 _kDLCPU: Final = int(DLDeviceType.kDLCPU)
 _kDLCUDA: Final = int(DLDeviceType.kDLCUDA)
 _kDLROCM: Final = int(DLDeviceType.kDLROCM)
-_ADDRESSABLE: Final = ADDRESSABLE_TYPES
 # DLTensor as written on export (the dtype spelled out).
 _DLTENSOR_WRITE: Final = "PiiiBBHPPQ"
 
@@ -312,7 +309,7 @@ def _new_managed(
         # The strides of a size-0 tensor address nothing; those past int64 (row-major strides of
         # a huge empty shape) are written as 0 rather than refused.
         strides = tuple(st if -(2**63) <= st < 2**63 else 0 for st in strides)
-    elif dev_type in _ADDRESSABLE:
+    elif dev_type in ADDRESSABLE_TYPES:
         data, byte_offset = storage.ptr + t._offset * itemsize, 0  # as NumPy and PyTorch do
     else:
         data, byte_offset = storage.ptr, t._offset * itemsize  # a handle: no pointer arithmetic
@@ -345,7 +342,7 @@ def _new_managed(
             fmt.pack_into(
                 block,
                 0,
-                *_MAX_VERSION,
+                *DLPACK_VERSION,
                 address,
                 _DELETER_ADDRESS,
                 flags,

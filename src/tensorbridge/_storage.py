@@ -23,6 +23,7 @@ do nothing unless ``Py_IsInitialized()``).
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
@@ -179,20 +180,14 @@ def locate(
         offset of the layout inside it. Without ``nbytes`` the storage is exactly the bytes the
         layout reaches (anchored: from ``ptr`` to the last of them); with it, ``[ptr, ptr + nbytes)``.
     """
-    low = high = offset
-    numel = 1
-    for size, stride in zip(shape, strides):
-        numel *= size
-        span = (size - 1) * stride
-        if span < 0:
-            low += span
-        else:
-            high += span
-    empty = numel == 0
-    if empty:
+    span = extent(offset, shape, strides)
+    empty = span is None
+    if span is None:
         if not check_empty:
             return ptr, nbytes or 0, offset
         low, high = offset, offset - 1
+    else:
+        low, high = span
     if anchored:
         if low < 0:
             refusal = Refusal(
@@ -204,7 +199,7 @@ def locate(
                 shape,
                 strides,
                 itemsize,
-                numel,
+                math.prod(shape),
                 low,
                 high,
                 ptr,
@@ -215,7 +210,7 @@ def locate(
     else:
         start, stop = ptr + low * itemsize, ptr + (high + 1) * itemsize
     kind = None
-    if sized and numel * itemsize > sys.maxsize:
+    if sized and math.prod(shape) * itemsize > sys.maxsize:
         kind = "numel"
     elif not empty and ptr == 0:
         kind = "null"
@@ -230,7 +225,19 @@ def locate(
         kind = "outside"
     if kind is not None:
         refusal = Refusal(
-            kind, api, ptr, nbytes, offset, shape, strides, itemsize, numel, low, high, start, stop
+            kind,
+            api,
+            ptr,
+            nbytes,
+            offset,
+            shape,
+            strides,
+            itemsize,
+            math.prod(shape),
+            low,
+            high,
+            start,
+            stop,
         )
         raise fail(refusal)
     if nbytes is not None:
@@ -249,7 +256,8 @@ def check_view(
 ) -> None:
     """Raise unless every element of a view lies inside ``storage`` (with Python ints).
 
-    The storage itself passed `locate` when it was made, so only its range is checked here. A
+    The storage is memory its owner vouches for (memory handed in passed `locate` when its
+    storage was made), so only the storage's range is checked here. A
     layout without elements addresses no byte and may lie anywhere, as in PyTorch. ``fail`` words
     the error from the `Refusal` (default: PyTorch's out-of-bounds text, extended).
     """
@@ -263,9 +271,6 @@ def check_view(
     stop = (high + 1) * itemsize
     if low < 0 or stop > storage.nbytes:
         ptr = storage.ptr
-        numel = 1
-        for size in shape:
-            numel *= size
         refusal = Refusal(
             "outside",
             api,
@@ -275,7 +280,7 @@ def check_view(
             shape,
             strides,
             itemsize,
-            numel,
+            math.prod(shape),
             low,
             high,
             ptr + low * itemsize,
