@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -43,6 +46,28 @@ def run_in_subprocess(
 def subprocess_run():
     """The `run_in_subprocess` helper as a fixture."""
     return run_in_subprocess
+
+
+def run_script_for_result(
+    code: str, directory: pathlib.Path, timeout: float = 300.0, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """Run ``code`` as a script in a fresh interpreter; the process and the JSON of its last
+    ``RESULT `` line.
+
+    The code runs from a file as ``__main__``, so that worker processes it starts (spawn,
+    forkserver, Dask, Ray) can import it; the child must exit 0 and print a result.
+    """
+    script = directory / "child_checks.py"
+    script.write_text(code)
+    result = run_in_subprocess(
+        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+        timeout=timeout,
+        env=env,
+        cwd=directory,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
+    return result, json.loads(lines[-1][len("RESULT ") :])
 
 
 def _layout_cases():

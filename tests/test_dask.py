@@ -13,9 +13,9 @@ check; it prints one JSON line that the tests read.
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
+from tests.conftest import run_script_for_result
 
 pytestmark = [
     pytest.mark.dask,
@@ -102,22 +102,9 @@ if __name__ == "__main__":
 """
 
 
-def _run(subprocess_run, code: str, tmp_path) -> dict:
-    script = tmp_path / "dask_checks.py"
-    script.write_text(code)
-    result = subprocess_run(
-        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-        timeout=300,
-        cwd=tmp_path,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
-
-
-def test_frames_carry_the_tensor_memory(subprocess_run, tmp_path):
+def test_frames_carry_the_tensor_memory(tmp_path):
     """serialize() puts the tensor's own memory in a frame: no pickle copy; loads rebuilds over it."""
-    got = _run(subprocess_run, _SERIALIZE, tmp_path)
+    got = run_script_for_result(_SERIALIZE, tmp_path)[1]
     assert got["serializer"] == "pickle"
     assert got["frames"] == 2
     assert got["pickle_bytes"] < 400  # metadata only
@@ -130,9 +117,9 @@ def test_frames_carry_the_tensor_memory(subprocess_run, tmp_path):
     assert got["message_rebuilt"] == [True, False]
 
 
-def test_local_cluster_every_dtype(subprocess_run, tmp_path):
+def test_local_cluster_every_dtype(tmp_path):
     """Tensors as task arguments and results in a process cluster: values, dtypes, layout, flags."""
-    got = _run(subprocess_run, _CLUSTER, tmp_path)
+    got = run_script_for_result(_CLUSTER, tmp_path)[1]
     assert {"bfloat16", "float8_e4m3fn", "complex64", "bool"} <= set(got)
     bad = {k: v for k, v in got.items() if k not in ("layout", "readonly") and v != [True] * 3}
     assert not bad, bad  # [argument, returned, echoed]

@@ -33,8 +33,13 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 def _imports(path: pathlib.Path) -> set[str]:
     """The package modules ``path`` imports at run time, anywhere in its body (not for typing)."""
-    module = _module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return _imports_in(
+        path.read_text(encoding="utf-8"), _module_name(path), path.name == "__init__.py"
+    )
+
+
+def _imports_in(source: str, module: str, is_package: bool) -> set[str]:
+    package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -57,7 +62,7 @@ def _imports(path: pathlib.Path) -> set[str]:
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text(encoding="utf-8")))
+    visit(ast.parse(source))
     found.discard(module)
     return {m for m in found if m in MODULES}
 
@@ -107,11 +112,33 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_import_walk_sees_real_edges():
-    """The walk finds known imports, including one inside a function and none under TYPE_CHECKING."""
+    """The walk finds the package's known imports, and none that is for typing only."""
     graph = _graph()
     assert "tensorbridge._tensor" in graph["tensorbridge._convert"]
     assert "tensorbridge._storage" in graph["tensorbridge._tensor"]
     assert "tensorbridge._tensor" not in graph["tensorbridge._dlpack_export"]  # typing only
+
+
+def test_the_import_walk_sees_imports_inside_functions_and_skips_typing_ones():
+    """An import in a function body or an else branch counts; one under TYPE_CHECKING does not."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import _layout\n"
+        "if TYPE_CHECKING:\n"
+        "    from ._tensor import Tensor\n"
+        "else:\n"
+        "    from ._device import CPU\n"
+        "def f():\n"
+        "    from ._convert import asarray\n"
+        "    import tensorbridge._dtype\n"
+    )
+    found = _imports_in(source, "tensorbridge._storage", False)
+    assert found == {
+        "tensorbridge._layout",
+        "tensorbridge._device",
+        "tensorbridge._convert",
+        "tensorbridge._dtype",
+    }
 
 
 def test_the_cycle_finder_finds_a_cycle():

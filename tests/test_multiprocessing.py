@@ -11,10 +11,10 @@ and prints one JSON line.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
+from tests.conftest import run_script_for_result
 
 pytestmark = [
     pytest.mark.subprocess,
@@ -73,19 +73,10 @@ if __name__ == "__main__":
 """
 
 
-def test_queues_and_pools_send_shared_tensors_by_name(subprocess_run, tmp_path):
+def test_queues_and_pools_send_shared_tensors_by_name(tmp_path):
     """Every start method: queue and pool carry the name only; writes on either side are shared."""
-    script = tmp_path / "mp_checks.py"
-    script.write_text(_CHECKS)
-    result = subprocess_run(
-        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-        timeout=300,
-        cwd=tmp_path,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
+    result, got = run_script_for_result(_CHECKS, tmp_path)
     assert result.stderr == ""  # no resource-tracker leak warning, no traceback
-    got = json.loads(lines[-1][len("RESULT ") :])
     assert "spawn" in got
     for method, checks in got.items():
         assert checks["sent"] < 500, method  # a 1 MiB tensor pickles to its name and layout

@@ -13,9 +13,9 @@ and runs every check; it prints one JSON line that the tests read. Ray is import
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
+from tests.conftest import run_script_for_result
 
 pytestmark = [
     pytest.mark.ray,
@@ -151,17 +151,11 @@ print("RESULT " + json.dumps(results))
 """
 
 
-def _run_checks(subprocess_run) -> dict:
-    """One local Ray in one child process, every check run there; the parsed results."""
-    result = subprocess_run(_CHILD, timeout=300, env={"RAY_USAGE_STATS_ENABLED": "0"})
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
-
-
-def test_ray_objects_through_the_store(subprocess_run):
+def test_ray_objects_through_the_store(tmp_path):
     """ray.get, task arguments and results are read-only views of one stored copy, every dtype."""
-    ray_results = _run_checks(subprocess_run)
+    # One local Ray in one child process, every check run there.
+    env = {"RAY_USAGE_STATS_ENABLED": "0"}
+    ray_results = run_script_for_result(_CHILD, tmp_path, env=env)[1]
     got = ray_results["get"]
     assert got["readonly"] == [True, True]
     assert got["shared"]
