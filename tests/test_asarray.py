@@ -274,6 +274,106 @@ def test_tensor_and_capsule_come_first():
     assert _dispatch_path(tb.to_dlpack(tb.zeros(2))) == "dlpack_capsule"
 
 
+# ---------------------------------------------------------------------------------------------- per-type decisions
+class _Slotted:
+    """Instances without a ``__dict__``: the type alone says which protocol they speak."""
+
+    __slots__ = ("_a",)
+
+    def __init__(self, a):
+        self._a = a
+
+    @property
+    def __array_interface__(self):
+        return self._a.__array_interface__
+
+
+class _Plain:
+    """Instances with a ``__dict__``: one may carry an interface another lacks."""
+
+
+def test_a_type_is_probed_once_and_answers_the_same():
+    """A remembered type takes the path its first instance took, for every later instance."""
+    from tensorbridge import _convert
+
+    for _ in range(3):
+        a = np.arange(3, dtype=np.int16)
+        assert _convert._dispatch(a)[0] == "dlpack"
+        t = tb.asarray(a)
+        assert t.data_ptr() == a.ctypes.data and t.tolist() == [0, 1, 2]
+    assert _convert._PATHS_BY_TYPE[np.ndarray] == ("dlpack", None)
+    b = np.arange(4, dtype=np.uint8)
+    for obj in (_Slotted(b), _Slotted(b)):
+        t = tb.asarray(obj)
+        assert t.data_ptr() == b.ctypes.data and t.tolist() == [0, 1, 2, 3]
+    assert _convert._PATHS_BY_TYPE[_Slotted] == ("array_interface", "__array_interface__")
+
+
+def test_instance_attributes_are_followed_per_object():
+    """An interface set on one instance is used for it alone: instances with a ``__dict__`` that
+    took an attribute path are probed each time, never answered from their type."""
+    from tensorbridge import _convert
+
+    a = np.arange(3, dtype=np.int32)
+    with_interface = _Plain()
+    with_interface.__array_interface__ = a.__array_interface__
+    without = _Plain()
+    for _ in range(2):
+        assert _dispatch_path(with_interface) == "array_interface"
+        assert tb.asarray(with_interface).tolist() == [0, 1, 2]
+        assert _dispatch_path(without) == "sequence"
+    assert _Plain not in _convert._PATHS_BY_TYPE
+
+
+def test_a_property_that_declines_is_asked_again():
+    """A class-level protocol property that returns None for some instances is read per object."""
+    b = np.arange(2, dtype=np.uint8)
+
+    class Sometimes:
+        __slots__ = ("_a",)
+
+        def __init__(self, a):
+            self._a = a
+
+        @property
+        def __array_interface__(self):
+            return None if self._a is None else self._a.__array_interface__
+
+    assert _dispatch_path(Sometimes(None)) == "sequence"
+    assert _dispatch_path(Sometimes(b)) == "array_interface"
+    assert tb.asarray(Sometimes(b)).tolist() == [0, 1]
+    assert _dispatch_path(Sometimes(None)) == "sequence"
+
+
+def test_proxies_with_getattr_are_probed_per_object():
+    """A type that computes attributes (``__getattr__``) may answer differently per instance."""
+
+    class Proxy:
+        __slots__ = ("_target",)
+
+        def __init__(self, target):
+            self._target = target
+
+        def __getattr__(self, name):
+            return getattr(self._target, name)
+
+    a = np.arange(3, dtype=np.float32)
+    assert _dispatch_path(Proxy(a)) == "dlpack"
+    assert tb.asarray(Proxy(a)).data_ptr() == a.ctypes.data
+    assert _dispatch_path(Proxy([1, 2])) == "sequence"
+
+
+def test_the_per_type_table_is_bounded():
+    """Types made on the fly do not grow the table without end."""
+    from tensorbridge import _cache, _convert
+
+    for i in range(3 * _cache.REMEMBER_MAX):
+        cls = type(f"Made{i}", (), {"__slots__": (), "__len__": lambda self: 0})
+        assert _dispatch_path(cls()) == "sequence"
+        assert len(_convert._PATHS_BY_TYPE) <= _cache.REMEMBER_MAX
+    assert _dispatch_path([1]) == "sequence" and _dispatch_path(b"x") == "buffer"
+
+
 def test_is_protocol_object():
     """True exactly for inputs asarray reads through a protocol."""
     assert is_protocol_object(np.arange(2))

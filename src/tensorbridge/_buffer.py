@@ -1,4 +1,4 @@
-"""Buffer-protocol import: `frombuffer`.
+"""Buffer-protocol import: `frombuffer`, and `asarray`'s buffer path.
 
 Any object that exports a C-contiguous buffer (bytes, bytearray, memoryview, array.array, mmap,
 ctypes objects, shared memory, ``pickle.PickleBuffer``, NumPy arrays, any C extension) becomes a
@@ -13,22 +13,23 @@ memory `_shared`: all three below `Tensor`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import math
+from typing import Any, Final
 
-from . import _capi
+from . import _capi, _layout
 from ._args import GRAD_MSG_CREATE, as_bool, as_int
-from ._dtype import DType, as_dtype
+from ._device import CPU
+from ._dtype import DType, as_dtype, from_format, uint8
+from ._interfaces import wrap_memory
 from ._storage import (
     READONLY_REQUEST,
     WRITABLE_REQUEST,
     BufferStorage,
+    hold_buffer,
 )
 from ._tensor import Tensor
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["frombuffer"]
+__all__ = ["frombuffer", "import_buffer"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -85,30 +86,19 @@ def frombuffer(
     if requires_grad is not False:
         requires_grad = as_bool(requires_grad, "frombuffer", "requires_grad")
     storage = _acquire(buffer, "frombuffer")
-    itemsize = dtype.itemsize
-    t = None
     try:
-        length = storage.nbytes
-        numel = _element_count(length, count, offset, itemsize)
-        # The storage spans the buffer from ``offset``; the one bounds check (`Tensor._new`)
-        # refuses a count reaching past its end, reworded as PyTorch words it.
-        storage.ptr += offset
-        storage.nbytes = length - offset
-        try:
-            t = Tensor._new(storage, 0, (numel,), (1,), dtype, "frombuffer", requires_grad)
-        except ValueError:  # the only refusal possible here: the count reaches past the end
-            t = None  # raised below, outside this handler: no context keeps the export alive
-        if t is None:
-            raise _too_long(count, offset, length, itemsize)
+        numel = _element_count(storage.nbytes, count, offset, dtype.itemsize)
         if requires_grad and dtype.kind not in "fc":
             msg = f"frombuffer(): {GRAD_MSG_CREATE}; got dtype {dtype}. Pass a floating dtype."
             raise RuntimeError(msg)
     except BaseException as exc:
         # Release the export now: a traceback keeps its frames, and the frames the export.
-        del storage, t
+        del storage
         raise exc.with_traceback(None)  # noqa: B904  (the same exception, without those frames)
-    storage.nbytes = numel * itemsize  # exactly the viewed bytes, as PyTorch's storage
-    return t
+    # The storage is exactly the viewed bytes, as PyTorch's: `_element_count` bounded them.
+    storage.ptr += offset
+    storage.nbytes = numel * dtype.itemsize
+    return Tensor._new(storage, 0, (numel,), (1,), dtype, "frombuffer", requires_grad, checked=True)
 
 
 def _acquire(obj: Any, api: str) -> BufferStorage:
@@ -164,17 +154,146 @@ def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:
             )
             raise ValueError(msg)
         return remaining // itemsize
-    return count  # checked against the buffer's length by `_storage.locate`
+    if count * itemsize > length - offset:
+        # Python ints: a huge count cannot wrap into a small request as PyTorch's size_t sum does.
+        msg = (
+            f"frombuffer(): requested buffer length ({count} * {itemsize} bytes) after offset "
+            f"({offset} bytes) must not be greater than actual buffer length ({length} bytes)"
+        )
+        raise ValueError(msg)
+    return count
 
 
-def _too_long(count: int, offset: int, length: int, itemsize: int) -> ValueError:
-    """PyTorch's words for a count that reaches past the end of the buffer."""
-    # Python ints: a huge count cannot wrap into a small request as PyTorch's size_t sum does.
+# -------------------------------------------------------------------------------------------------
+# Import: asarray's buffer path
+
+
+_BYTE_STRINGS: Final[frozenset[type]] = frozenset({bytes, bytearray})
+
+
+def import_buffer(obj: Any, api: str) -> Tensor:
+    """A tensor sharing a buffer exporter's memory, with its format, shape and strides (`asarray`).
+
+    ``bytes`` and ``bytearray`` are one dimension of unsigned bytes by definition: they take
+    `frombuffer`'s acquisition (a writable request first). Other exporters are asked once for
+    their full read-only description, whose ``readonly`` field then says whether the tensor may
+    write.
+    """
+    if obj.__class__ in _BYTE_STRINGS:
+        storage = _acquire(obj, api)
+        return Tensor._new(storage, 0, (storage.nbytes,), (1,), uint8, api, checked=True)
+    return _described(obj, api)
+
+
+def _buffer_dtype(fmt: str, api: str) -> DType:
+    """The dtype a buffer format names; non-native byte order and unknown formats are a `BufferError`."""
+    dtype = from_format(fmt)
+    if dtype is not None:
+        return dtype
+    order, rest = fmt[:1], fmt[1:]
+    if order in "<>!":
+        single = from_format(rest)
+        if single is not None and single.itemsize == 1:  # byte order means nothing for one byte
+            return single
+        if single is not None or from_format("=" + rest) is not None:
+            msg = (
+                f"{api}(): the buffer's format {fmt!r} has non-native byte order; tensors are "
+                f"native-endian. Byte-swap the data first, or reinterpret the raw bytes with "
+                f"tensorbridge.frombuffer(obj, dtype=...)."
+            )
+            raise BufferError(msg)
     msg = (
-        f"frombuffer(): requested buffer length ({count} * {itemsize} bytes) after offset "
-        f"({offset} bytes) must not be greater than actual buffer length ({length} bytes)"
+        f"{api}(): the buffer's format {fmt!r} names no tensor dtype; supported are the single "
+        f"native struct codes ?, b, B, h, H, i, I, l, L, q, Q, n, N, e, f, d, Zf, Zd. Reinterpret the "
+        f"raw bytes with tensorbridge.frombuffer(obj, dtype=...)."
     )
-    return ValueError(msg)
+    raise BufferError(msg)
+
+
+# The dtype of each buffer format met so far (the bytes of ``Py_buffer.format``, None meaning 'B').
+# Only formats that name a dtype are kept, so the table stays as small as the set of valid formats.
+_FORMAT_DTYPES: Final[dict[bytes | None, DType]] = {}
+
+
+def _format_dtype(fmt: bytes | None, api: str) -> DType:
+    dtype = _FORMAT_DTYPES.get(fmt)
+    if dtype is None:
+        dtype = _FORMAT_DTYPES[fmt] = _buffer_dtype(
+            fmt.decode("ascii", "replace") if fmt else "B", api
+        )
+    return dtype
+
+
+def _described(obj: Any, api: str) -> Tensor:
+    """A tensor over a buffer as its exporter describes it (format, shape, strides, readonly).
+
+    The export stays held (``PyBuffer_Release`` when the last view dies), so the exporter cannot be
+    resized or closed meanwhile.
+    """
+    held, view = hold_buffer(obj, _capi.PY_BUF_FULL_RO)
+    ndim = view.ndim
+    if view.suboffsets and any(s >= 0 for s in view.suboffsets[:ndim]):
+        msg = (
+            f"{api}(): the buffer of {type(obj).__name__} uses suboffsets (PIL-style indirect "
+            f"arrays), which tensors cannot describe. Copy it into a contiguous buffer first."
+        )
+        raise BufferError(msg)
+    dtype = _format_dtype(view.format, api)
+    itemsize = dtype.itemsize
+    if view.itemsize != itemsize:
+        msg = (
+            f"{api}(): the buffer's itemsize {view.itemsize} does not match its format "
+            f"{view.format!r} ({itemsize} bytes); the exporter is malformed."
+        )
+        raise BufferError(msg)
+    shape: tuple[int, ...]
+    if not ndim:
+        shape = ()
+    elif view.shape:
+        shape = tuple(view.shape[:ndim])
+    elif ndim == 1:  # shape NULL: one dimension of len bytes (the buffer protocol's rule)
+        shape = (view.len // itemsize,)
+    else:
+        msg = f"{api}(): the buffer of {type(obj).__name__} has {ndim} dimensions but no shape."
+        raise BufferError(msg)
+    if math.prod(shape) * itemsize != view.len:
+        # ``len`` is the size of the data copied contiguously, whatever the strides; a shape that
+        # claims more elements would read past the exporter's memory, one that claims fewer
+        # would hide some: either way the exporter is inconsistent, and neither field is trusted.
+        msg = (
+            f"{api}(): the buffer of {type(obj).__name__} is malformed: its shape {list(shape)} "
+            f"of {itemsize}-byte items needs {math.prod(shape) * itemsize} bytes, but its len "
+            f"is {view.len}. Fix the exporter, or read the bytes with "
+            f"tensorbridge.frombuffer(obj, dtype=...)."
+        )
+        raise BufferError(msg)
+    if view.strides:
+        byte_strides = view.strides[:ndim]
+        if itemsize == 1:
+            strides = tuple(byte_strides)
+        elif any(s % itemsize for s in byte_strides):
+            msg = (
+                f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
+                f"itemsize ({itemsize}); tensor strides count whole elements."
+            )
+            raise BufferError(msg)
+        else:
+            strides = tuple(s // itemsize for s in byte_strides)
+    else:
+        strides = _layout.contiguous_strides(shape)
+    # The exporter vouches for its strides; ``len`` is the logical size, not the extent of a
+    # strided view, so it bounds the element count (checked above) but not the strides.
+    return wrap_memory(
+        view.buf or 0,
+        0,
+        shape,
+        strides,
+        dtype,
+        device=CPU,
+        readonly=bool(view.readonly),
+        owner=held,
+        api=api,
+    )
 
 
 # Pickles written by earlier versions name this module's ``_rebuild_tensor``.

@@ -28,17 +28,17 @@ negotiates device, stream, copy and read-only itself.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 from typing import Any, Final
 
 from . import _capi, _creation, _dlpack, _interfaces, _layout, _tensor
 from ._args import as_copy, as_int
-from ._device import CPU, Device, as_device
-from ._dtype import DType, as_dtype, from_format
+from ._buffer import import_buffer
+from ._cache import remember
+from ._device import Device, as_device
+from ._dtype import DType, as_dtype
 from ._errors import short_repr
-from ._storage import hold_buffer
 from ._tensor import Tensor
 
 __all__ = ["as_tensor", "asarray", "from_pointer", "is_protocol_object", "tensor"]
@@ -62,38 +62,90 @@ _BY_ATTRIBUTE: Final = (
     (_CUDA_ARRAY_INTERFACE, "__cuda_array_interface__"),
     (_ARRAY_INTERFACE, "__array_interface__"),
 )
-# Built-in types whose path the type alone decides: answered before any attribute lookup.
-_PLAIN_SEQUENCES: Final = frozenset({list, tuple})
-_PLAIN_SCALARS: Final = frozenset({bool, int, float, complex})
-_BUFFER_TYPES: Final = frozenset({bytes, bytearray, memoryview})
+# Paths whose ``found`` value `_import` reads (an Arrow method, an interface dictionary); the
+# DLPack path calls `from_dlpack` on the object itself.
+_VALUE_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _CUDA_ARRAY_INTERFACE, _ARRAY_INTERFACE})
+# Protocols an instance attribute cannot take from its type: methods, looked up on the type.
+_METHOD_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _DLPACK})
+
+# The path of each type whose instances all take the same one, and the attribute `_import` then
+# reads: `asarray` probes a type once, as `from_dlpack` does. Seeded with the built-in types
+# (`_probe` gives the same answers when the bounded table was emptied).
+_PATHS_BY_TYPE: Final[dict[type, tuple[str, str | None]]] = {
+    **dict.fromkeys((list, tuple), (_SEQUENCE, None)),
+    **dict.fromkeys((bool, int, float, complex), (_SCALAR, None)),
+    **dict.fromkeys((bytes, bytearray, memoryview), (_BUFFER, None)),
+    Tensor: (_TENSOR, None),
+    _capi.CapsuleType: (_CAPSULE, None),
+}
 
 
 def _dispatch(obj: Any) -> tuple[str, Any]:
     """The path `asarray` takes for ``obj``, and what it found on the way (the attribute's value).
 
-    Ordered checks, no exceptions on the common paths: exact types first, then one ``getattr`` with a
-    default per protocol (an interface property is evaluated once and its value handed on).
+    One table lookup for a type seen before (an interface property is then read once, its value
+    handed on); `_probe` for the others.
     """
-    cls = type(obj)
-    if cls is Tensor:
-        return _TENSOR, None
-    if cls in _PLAIN_SEQUENCES:
-        return _SEQUENCE, None
-    if cls in _PLAIN_SCALARS:
-        return _SCALAR, None
-    if cls in _BUFFER_TYPES:
-        return _BUFFER, None
-    if cls is _capi.CapsuleType:
-        return _CAPSULE, None
-    if isinstance(obj, Tensor):
-        return _TENSOR, None
-    for path, attribute in _BY_ATTRIBUTE:
+    known = _PATHS_BY_TYPE.get(type(obj))
+    if known is not None:
+        path, attribute = known
+        if attribute is None:
+            return known
         value = getattr(obj, attribute, None)
         if value is not None:
             return path, value
-    if _capi.PyObject_CheckBuffer(obj):
-        return _BUFFER, None
-    return (_SCALAR if isinstance(obj, numbers.Number) else _SEQUENCE), None
+    return _probe(obj)
+
+
+def _probe(obj: Any) -> tuple[str, Any]:
+    """`_dispatch` by looking at ``obj`` itself: one ``getattr`` with a default per protocol, in
+    order; the answer is remembered for the type when the type alone decides it (`_type_decides`)."""
+    cls = type(obj)
+    path: str | None = None
+    attribute: str | None = None
+    value: Any = None
+    if isinstance(obj, Tensor):
+        path = _TENSOR
+    else:
+        for path, attribute in _BY_ATTRIBUTE:  # noqa: B007  (the loop's last pair is used below)
+            value = getattr(obj, attribute, None)
+            if value is not None:
+                break
+        else:
+            attribute = None
+            if _capi.PyObject_CheckBuffer(obj):
+                path = _BUFFER
+            else:
+                path = _SCALAR if isinstance(obj, numbers.Number) else _SEQUENCE
+    if _type_decides(cls, path, attribute):
+        remember(_PATHS_BY_TYPE, cls, (path, attribute if path in _VALUE_PATHS else None))
+    return path, value
+
+
+_STANDARD_GETATTRIBUTE: Final[Any] = object.__getattribute__
+
+
+def _type_decides(cls: type, path: str, attribute: str | None) -> bool:
+    """Whether every instance of ``cls`` takes ``path``, which one instance took.
+
+    True when attribute lookup is the standard one (no ``__getattribute__`` or ``__getattr__`` of
+    the type's own), the protocols are found on the type itself (the chosen one there, none of
+    those before it), and an instance cannot add one: it has no ``__dict__``, or the protocol is a
+    method (``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``), which tensorbridge,
+    like Python's special methods, takes from the type. A type changed after its first conversion
+    keeps its first answer.
+    """
+    if cls.__getattribute__ is not _STANDARD_GETATTRIBUTE or hasattr(cls, "__getattr__"):
+        return False
+    if cls.__dictoffset__ and path not in _METHOD_PATHS and path != _TENSOR:
+        return False
+    for _path, name in _BY_ATTRIBUTE:
+        on_type = getattr(cls, name, None) is not None
+        if name == attribute:
+            return on_type
+        if on_type:
+            return False  # an earlier protocol the instance turned down (a property gave None)
+    return True
 
 
 def _after_dlpack(obj: Any) -> tuple[str, Any] | None:
@@ -115,119 +167,6 @@ def _dispatch_path(obj: Any) -> str:
 def is_protocol_object(obj: Any) -> bool:
     """True when `asarray` would read ``obj``'s memory through a protocol rather than copy its elements."""
     return _dispatch(obj)[0] not in (_SEQUENCE, _SCALAR)
-
-
-# ---------------------------------------------------------------------------------------------- buffers
-def _buffer_dtype(fmt: str, api: str) -> DType:
-    """The dtype a buffer format names; non-native byte order and unknown formats are a `BufferError`."""
-    dtype = from_format(fmt)
-    if dtype is not None:
-        return dtype
-    order, rest = fmt[:1], fmt[1:]
-    if order in "<>!":
-        single = from_format(rest)
-        if single is not None and single.itemsize == 1:  # byte order means nothing for one byte
-            return single
-        if single is not None or from_format("=" + rest) is not None:
-            msg = (
-                f"{api}(): the buffer's format {fmt!r} has non-native byte order; tensors are "
-                f"native-endian. Byte-swap the data first, or reinterpret the raw bytes with "
-                f"tensorbridge.frombuffer(obj, dtype=...)."
-            )
-            raise BufferError(msg)
-    msg = (
-        f"{api}(): the buffer's format {fmt!r} names no tensor dtype; supported are the single "
-        f"native struct codes ?, b, B, h, H, i, I, l, L, q, Q, n, N, e, f, d, Zf, Zd. Reinterpret the "
-        f"raw bytes with tensorbridge.frombuffer(obj, dtype=...)."
-    )
-    raise BufferError(msg)
-
-
-# The dtype of each buffer format met so far (the bytes of ``Py_buffer.format``, None meaning 'B').
-# Only formats that name a dtype are kept, so the table stays as small as the set of valid formats.
-_FORMAT_DTYPES: Final[dict[bytes | None, DType]] = {}
-
-
-def _format_dtype(fmt: bytes | None, api: str) -> DType:
-    dtype = _FORMAT_DTYPES.get(fmt)
-    if dtype is None:
-        dtype = _FORMAT_DTYPES[fmt] = _buffer_dtype(
-            fmt.decode("ascii", "replace") if fmt else "B", api
-        )
-    return dtype
-
-
-def _from_buffer(obj: Any, api: str) -> Tensor:
-    """A tensor sharing a buffer exporter's memory, with its format, shape and strides.
-
-    The export stays held (``PyBuffer_Release`` when the last view dies), so the exporter cannot be
-    resized or closed meanwhile. The buffer is asked for read-only access; its
-    ``readonly`` field then says whether it may be written, so no second request is needed.
-    """
-    held, view = hold_buffer(obj, _capi.PY_BUF_FULL_RO)
-    ndim = view.ndim
-    if view.suboffsets and any(s >= 0 for s in view.suboffsets[:ndim]):
-        msg = (
-            f"{api}(): the buffer of {type(obj).__name__} uses suboffsets (PIL-style indirect "
-            f"arrays), which tensors cannot describe. Copy it into a contiguous buffer first."
-        )
-        raise BufferError(msg)
-    dtype = _format_dtype(view.format, api)
-    itemsize = dtype.itemsize
-    if view.itemsize != itemsize:
-        msg = (
-            f"{api}(): the buffer's itemsize {view.itemsize} does not match its format "
-            f"{view.format!r} ({itemsize} bytes); the exporter is malformed."
-        )
-        raise BufferError(msg)
-    shape: tuple[int, ...]
-    if not ndim:
-        shape = ()
-    elif view.shape:
-        shape = tuple(view.shape[:ndim])
-    elif ndim == 1:  # shape NULL: one dimension of len bytes (the buffer protocol's rule)
-        shape = (view.len // itemsize,)
-    else:
-        msg = f"{api}(): the buffer of {type(obj).__name__} has {ndim} dimensions but no shape."
-        raise BufferError(msg)
-    if math.prod(shape) * itemsize != view.len:
-        # ``len`` is the size of the data copied contiguously, whatever the strides; a shape that
-        # claims more elements would read past the exporter's memory, one that claims fewer
-        # would hide some: either way the exporter is inconsistent, and neither field is trusted.
-        msg = (
-            f"{api}(): the buffer of {type(obj).__name__} is malformed: its shape {list(shape)} "
-            f"of {itemsize}-byte items needs {math.prod(shape) * itemsize} bytes, but its len "
-            f"is {view.len}. Fix the exporter, or read the bytes with "
-            f"tensorbridge.frombuffer(obj, dtype=...)."
-        )
-        raise BufferError(msg)
-    if view.strides:
-        byte_strides = view.strides[:ndim]
-        if itemsize == 1:
-            strides = tuple(byte_strides)
-        elif any(s % itemsize for s in byte_strides):
-            msg = (
-                f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
-                f"itemsize ({itemsize}); tensor strides count whole elements."
-            )
-            raise BufferError(msg)
-        else:
-            strides = tuple(s // itemsize for s in byte_strides)
-    else:
-        strides = _layout.contiguous_strides(shape)
-    # The exporter vouches for its strides; ``len`` is the logical size, not the extent of a
-    # strided view, so it bounds the element count (checked above) but not the strides.
-    return _interfaces.wrap_memory(
-        view.buf or 0,
-        0,
-        shape,
-        strides,
-        dtype,
-        device=CPU,
-        readonly=bool(view.readonly),
-        owner=held,
-        api=api,
-    )
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -294,7 +233,7 @@ def _import(
         return _interfaces.import_cuda_array_interface(obj, found, api), False
     if path == _ARRAY_INTERFACE:
         return _interfaces.import_array_interface(obj, found, api), False
-    return _from_buffer(obj, api), False
+    return import_buffer(obj, api), False
 
 
 def _same_device(have: Device, want: Device) -> bool:

@@ -39,6 +39,7 @@ from typing import Any, Final
 
 from . import _capi
 from ._args import GRAD_MSG_EXPORT, as_copy
+from ._cache import remember
 from ._device import ADDRESSABLE_TYPES, CPU, HOST_TYPES, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -60,7 +61,6 @@ from ._dlpack_c import (
     VERSIONED,
     exchange_api_of,
     read,
-    remember,
 )
 from ._dlpack_export import _export
 from ._errors import NotDLPackError, short_repr
@@ -589,7 +589,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         )
         raise BufferError(msg) from None
     storage = DLPackStorage(start, nbytes, device, readonly, copied, managed)
-    return Tensor._new(storage, offset, shape, strides, dtype, "from_dlpack")
+    return Tensor._new(storage, offset, shape, strides, dtype, "from_dlpack", checked=True)
 
 
 def _refused(refusal: Refusal) -> BufferError:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import ctypes
 import struct
 import sys
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from . import _capi
+from ._cache import remember
 from ._dlpack_abi import DLPACK_MAJOR_VERSION
 from ._dtype import BY_DLPACK, DType
 from ._layout import MAX_NDIM
@@ -28,7 +29,6 @@ __all__ = [
     "exchange_api",
     "exchange_api_of",
     "read",
-    "remember",
 ]
 
 _CapsuleType: Final = _capi.CapsuleType
@@ -83,21 +83,6 @@ def read(fmt: struct.Struct, address: int) -> tuple[Any, ...]:
         )
         raise BufferError(msg) from None
     return fmt.unpack(ctypes.string_at(address, fmt.size))
-
-
-_K = TypeVar("_K")
-_V = TypeVar("_V")
-# Lookup tables keyed by what producers hand us (deleter addresses, types) are bounded: a producer
-# that makes deleters or types on the fly must not grow them without end.
-_REMEMBER_MAX: Final = 256
-
-
-def remember(table: dict[_K, _V], key: _K, value: _V) -> _V:
-    """Store ``value`` in a bounded lookup table (emptied when full) and return it."""
-    if len(table) >= _REMEMBER_MAX:
-        table.clear()
-    table[key] = value
-    return value
 
 
 _EXCHANGE_API_NAME: Final = b"dlpack_exchange_api"

@@ -90,7 +90,7 @@ def wrap_memory(
         api,
         lambda refusal: _memory_refused(refusal, dtype),
     )
-    return Tensor._new(storage, element_offset, shape, strides, dtype, api)
+    return Tensor._new(storage, element_offset, shape, strides, dtype, api, checked=True)
 
 
 def _memory_refused(r: Refusal, dtype: DType) -> ValueError:

@@ -106,17 +106,25 @@ class Tensor:
         dtype: DType,
         api: str = "Tensor._new",
         requires_grad: bool = False,
+        *,
+        checked: bool = False,
     ) -> Tensor:
         """The validating constructor, the one way other modules build tensors.
 
         The layout must lie inside the storage (`_storage.check_view`, with Python ints: nothing
         wraps). Views a tensor derives from its own checked layout use `_make`, inside this module.
+
+        ``checked=True`` says the caller has already bounded the layout by the storage: the storage
+        was made by `_storage.locate` (or `_storage.wrap`) for exactly this layout, or (frombuffer)
+        the argument checks bound the one contiguous run. The imports pass it, so that the check
+        is not run twice on their hot path.
         """
         if shape.__class__ is not tuple:
             shape = tuple(shape)
         if strides.__class__ is not tuple:
             strides = tuple(strides)
-        check_view(storage, offset, shape, strides, dtype.itemsize, api)
+        if not checked:
+            check_view(storage, offset, shape, strides, dtype.itemsize, api)
         return cls._make(storage, offset, shape, strides, dtype, requires_grad)
 
     # ------------------------------------------------------------------ metadata
