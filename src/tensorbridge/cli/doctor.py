@@ -5,8 +5,8 @@ none until it needs it), then proves every exchange cell by running it:
 
 * **exchange matrix** -- every producer (the standard library's buffer exporters, a safetensors
   and an ``.npy`` file the doctor writes and tensorbridge loads, each array library, tensorbridge)
-  against every consumer, once *through tensorbridge* (producer ->
-  tensorbridge -> consumer) and once *directly* where the two sides share a protocol. A cell is
+  against every consumer, once *through tensorbridge* (producer -> tensorbridge -> consumer)
+  and once *directly* where the two sides share a protocol. A cell is
   ``shared`` when a write through the producer is seen through the consumer (or, when neither side
   may be written, when both report the same address), ``copied`` when the values arrive but the
   memory is not shared, ``refused`` when a side raises (the reason is kept), and ``broken`` when
