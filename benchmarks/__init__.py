@@ -10,6 +10,7 @@ SCRIPTS = (
     "bench_buffer",
     "bench_file",
     "bench_asarray",
+    "bench_arrow",
     "bench_safetensors",
     "bench_scaleout",
 )

@@ -387,6 +387,7 @@ def machine() -> dict[str, Any]:
         ("numpy", "numpy"),
         ("torch", "torch"),
         ("jax", "jax"),
+        ("pyarrow", "pyarrow"),
         ("pydlpack", "pydlpack"),
         ("ctypes_dlpack", "ctypes-dlpack"),
     ):

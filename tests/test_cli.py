@@ -13,11 +13,22 @@ import textwrap
 import pytest
 
 from tensorbridge import cli
-from tensorbridge.cli import progress, render
+from tensorbridge.cli import files, progress, render
+from tensorbridge.cli.errors import Unavailable
 
 pytestmark = pytest.mark.subprocess
 
-_PEERS = ("numpy", "torch", "jax", "jaxlib", "pyarrow", "ml_dtypes", "cupy", "matplotlib")
+_PEERS = (
+    "numpy",
+    "torch",
+    "jax",
+    "jaxlib",
+    "pyarrow",
+    "ml_dtypes",
+    "cupy",
+    "matplotlib",
+    "safetensors",
+)
 # A meta path finder that makes every peer unimportable, as if none were installed.
 _BLOCK_PEERS = f"""
 import importlib.abc, sys
@@ -188,6 +199,152 @@ def test_doctor_shows_jax_alignment_both_ways(doctor_json):
             assert cell["unaligned"] is None, cell  # always aligned: nothing else to test
 
 
+_FILES = {"safetensors file": "tb.safetensors.load_file", "npy file": "tb.load_npy"}
+
+
+def test_doctor_proves_the_file_producers_are_mapped(doctor_json):
+    """A safetensors and an .npy file load as views of the file: a write to the file is seen."""
+    _, report = doctor_json
+    for producer, loader in _FILES.items():
+        cells = [c for c in report["matrix"] if c["producer"] == producer]
+        assert {c["route"] for c in cells} == {"tensorbridge"}  # no peer loads them directly
+        consumers = {c["consumer"]: c for c in cells}
+        assert {"tensorbridge", "memoryview"} <= set(consumers)
+        for name in ("tensorbridge", "memoryview", "numpy", "torch", "pyarrow"):
+            if name not in consumers:
+                assert not _installed(name)
+                continue
+            cell = consumers[name]
+            assert (cell["outcome"], cell["proof"]) == ("shared", "write"), cell
+            assert cell["calls"].startswith(loader), cell
+
+
+def test_doctor_file_dtype_coverage(doctor_json):
+    """Every dtype the two formats name loads as a mapped view; the others are marked absent."""
+    _, report = doctor_json
+    cells = {
+        (c["producer"], c["dtype"]): c
+        for c in report["dtypes"]
+        if c["producer"] in _FILES and c["consumer"] == "tensorbridge"
+    }
+    for dtype in ("bool", "uint8", "int64", "float16", "float64", "complex64"):
+        for producer in _FILES:
+            assert cells[producer, dtype]["outcome"] == "shared", cells[producer, dtype]
+    for dtype in ("bfloat16", "float8_e4m3fn", "float8_e8m0fnu"):
+        assert cells["safetensors file", dtype]["outcome"] == "shared"
+        assert cells["npy file", dtype]["outcome"] == "n/a"  # .npy has no name for it
+    assert cells["npy file", "complex128"]["outcome"] == "shared"
+    assert cells["safetensors file", "complex128"]["outcome"] == "n/a"  # no C128 in the format
+
+
+def test_doctor_pyarrow_consumes_tensors_through_the_arrow_export(doctor_json):
+    """pyarrow takes a tensor with pa.array (no copy), 1-d and as a fixed_shape_tensor."""
+    pytest.importorskip("pyarrow")
+    _, report = doctor_json
+    cells = [
+        c
+        for c in report["matrix"]
+        if c["consumer"] == "pyarrow" and c["route"] == "tensorbridge" and c["device"] == "cpu"
+    ]
+    assert {c["producer"] for c in cells} >= {"bytearray", "numpy", "tensorbridge", *_FILES}
+    for cell in cells:
+        if cell["producer"] == "jax":
+            continue  # JAX's memory is read-only for tensorbridge too: proved by address
+        assert cell["outcome"] == "shared", cell
+        assert cell["calls"].endswith("pa.array"), cell
+    check = next(c for c in report["checks"] if c["name"].startswith("pyarrow imports"))
+    assert check["ok"] is True, check
+    assert "arrow.fixed_shape_tensor over the same memory" in check["detail"]
+
+
+def test_doctor_file_rows_need_no_peer():
+    """With every peer unimportable (safetensors and NumPy too) both files are still proved."""
+    proc = _run("doctor", "--json", "--no-child", code=_BLOCK_PEERS)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    for producer in _FILES:
+        cells = [c for c in report["matrix"] if c["producer"] == producer]
+        assert {c["consumer"] for c in cells} == {"tensorbridge", "memoryview"}
+        assert all(c["outcome"] == "shared" and c["proof"] == "write" for c in cells), cells
+
+
+_COPYING_LOADERS = """
+import tensorbridge as tb, tensorbridge.safetensors as tbst
+_npy, _st = tb.load_npy, tbst.load_file
+tb.load_npy = lambda *a, **k: _npy(*a, **k).clone()
+tbst.load_file = lambda *a, **k: {n: t.clone() for n, t in _st(*a, **k).items()}
+"""
+
+
+def test_doctor_reports_a_copying_file_load_as_broken():
+    """A loader that copies the file instead of mapping it is a broken cell and exit status 1."""
+    proc = _run("doctor", "--peers", "none", "--json", code=_COPYING_LOADERS)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    for producer in _FILES:
+        broken = [c for c in report["matrix"] if c["producer"] == producer]
+        assert broken
+        for cell in broken:
+            assert cell["outcome"] == "broken" and cell["blame"] == "tensorbridge", cell
+            assert f"copied the {producer} on load" in cell["reason"]
+
+
+def test_doctor_reports_a_writable_file_load_as_broken():
+    """A loader that hands out a writable view of the read-only file is a broken guarantee."""
+    code = """
+    import tensorbridge as tb
+    _npy = tb.load_npy
+    tb.load_npy = lambda path, **k: _npy(path, mode="c")
+    """
+    proc = _run("doctor", "--peers", "none", "--json", code=code)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    cells = [c for c in report["matrix"] if c["producer"] == "npy file"]
+    assert cells
+    assert all("writable tensor over read-only npy file" in c["reason"] for c in cells), cells
+
+
+def test_doctor_files_follow_the_formats(tmp_path):
+    """The files the doctor writes load in the formats' own readers with the given bytes."""
+    raw = bytes(range(1, 33))  # eight int32
+    expected = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, 32, 4)]
+    st, npy = files.SafetensorsFile(), files.NpyFile()
+    st_file, npy_file = st.make("int32", raw, "cpu"), npy.make("int32", raw, "cpu")
+    for side, stored in ((st, st_file), (npy, npy_file)):
+        assert stored.start % 64 == 0  # 64-byte-aligned data, as the doctor claims
+        assert side.read(stored) == raw
+        with open(stored.path, "rb") as f:
+            assert f.read()[stored.start :] == raw
+        t, _ = side.load(stored)
+        assert t.tolist() == expected and t.is_readonly
+    if _installed("numpy"):
+        import numpy as np
+
+        assert np.load(npy_file.path).tolist() == expected
+    if _installed("safetensors") and _installed("numpy"):
+        from safetensors.numpy import load_file
+
+        assert load_file(st_file.path)["x"].tolist() == expected
+    with pytest.raises(Unavailable):
+        npy.make("bfloat16", bytes(16), "cpu")  # .npy has no name NumPy's loader understands
+
+
+def test_pyarrow_consumer_takes_arrow_producers_first():
+    """pyarrow's entry points: pa.array for Arrow exporters, then pa.py_buffer for buffers."""
+    pytest.importorskip("pyarrow")
+    import tensorbridge as tb
+    from tensorbridge.cli.peers import PyArrowSide
+
+    side = PyArrowSide()
+    t = tb.arange(4, dtype=tb.int32)
+    names = [name for name, _ in side.entry_points(t)]
+    assert names[0] == "pa.array"
+    assert set(names) <= {"pa.array", "pa.py_buffer"}
+    assert [name for name, _ in side.entry_points(b"abcd")] == ["pa.py_buffer"]
+    with pytest.raises(Unavailable):
+        side.entry_points(tb.utils.dlpack.to_dlpack(t))  # a capsule: neither interface
+
+
 def test_doctor_text_fits_100_columns(full_run):
     """Every line of the text report is at most 100 columns wide."""
     lines = full_run[1].splitlines()
@@ -306,11 +463,41 @@ def test_bench_quick_json_reports_ratios(tmp_path):
     assert {"bench", "command", "machine", "settings", "results", "targets"} <= set(report)
     groups = {r["group"] for r in report["results"]}
     assert {"frombuffer", "from_file", "asarray"} <= groups
+    assert ("arrow" in groups) == _installed("pyarrow")
     assert all(r["tb"]["error"] is None and r["tb"]["us"] > 0 for r in report["results"])
     if _installed("torch"):
         ratios = [p["ratio"] for r in report["results"] for p in r["peers"]]
         assert any(isinstance(x, float) and x > 0 for x in ratios)
         assert any(t["peer"].startswith("torch.frombuffer") for t in report["targets"])
+
+
+def test_bench_times_pa_array_of_a_tensor_next_to_an_ndarray():
+    """bench's arrow line times pa.array(tb tensor) with pa.array(ndarray) as the ratio's peer."""
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("numpy")
+    from tensorbridge.cli.bench import _benchmarks
+
+    assert "bench_arrow" in _benchmarks().SCRIPTS
+    proc = _run(
+        "bench",
+        "--only",
+        "arrow",
+        "--json",
+        "--sizes",
+        "1KiB,1GiB",
+        "--budget",
+        "0.0005",
+        "--repeat",
+        "1",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout)["results"]
+    assert [(r["group"], r["size"]) for r in results] == [("arrow", 1024), ("arrow", 1 << 30)]
+    for r in results:
+        assert r["tb"]["label"] == "pa.array(tb)" and r["tb"]["error"] is None
+        (peer,) = r["peers"]
+        assert peer["label"] == "pa.array(ndarray)" and peer["error"] is None
+        assert peer["ratio"] > 0
 
 
 def test_bench_runs_with_the_peers_hidden():

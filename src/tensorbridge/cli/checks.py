@@ -27,6 +27,7 @@ from tensorbridge.testing import (
     DLPACK_VERSION,
     FLAG_READ_ONLY,
     CraftedDLPack,
+    buffer_address,
     capsule_flags,
     capsule_name,
     consume_capsule,
@@ -35,7 +36,14 @@ from tensorbridge.testing import (
 from .errors import PACKAGE_DIR, one_line, raised_in_tensorbridge
 from .sides import Side
 
-__all__ = ["CHECKS", "Check", "ChildCheck", "check_numpy_readonly", "run_check"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "ChildCheck",
+    "check_numpy_readonly",
+    "check_pyarrow_import",
+    "run_check",
+]
 
 _VERSIONED: Final = b"dltensor_versioned"
 
@@ -399,6 +407,47 @@ def check_numpy_readonly(sides: dict[str, Side]) -> str:
 
 class _Skipped(Exception):
     pass
+
+
+@_check("pyarrow imports tensors through the Arrow C data interface, no copy")
+def check_pyarrow_import(sides: dict[str, Side]) -> str:
+    if "pyarrow" not in sides:
+        msg = "pyarrow not used"
+        raise _Skipped(msg)
+    pa = sides["pyarrow"].pa  # type: ignore[attr-defined]
+    if not hasattr(pa.Array, "__arrow_c_array__"):  # the PyCapsule interface came in pyarrow 14
+        msg = f"pyarrow {pa.__version__} predates the Arrow PyCapsule interface"
+        raise _Skipped(msg)
+    t = tb.arange(8, dtype=tb.int32)
+    a = pa.array(t)
+    if a.type != pa.int32() or a.buffers()[1].address != t.data_ptr():
+        msg = f"pa.array(1-d int32 tensor) is a {a.type} array over other memory (a copy)"
+        raise _Failed(msg)
+    t[0] = 100  # the tensor is writable: the array must see the write
+    if a[0].as_py() != 100 or a.to_pylist()[1:] != list(range(1, 8)):
+        msg = f"pa.array(t) reads {a.to_pylist()}, not the tensor's values"
+        raise _Failed(msg)
+    done = ["pa.array(1-d tensor): an int32 array over the tensor's memory, a write seen"]
+    grid = tb.arange(12, dtype=tb.float32).reshape(3, 4)
+    b = pa.array(grid)
+    name = getattr(b.type, "extension_name", None)
+    storage = b.storage if name is not None else b
+    values = storage.values
+    if values.buffers()[1].address + values.offset * 4 != grid.data_ptr():
+        msg = f"pa.array(3x4 tensor) is a {b.type} array over other memory (a copy)"
+        raise _Failed(msg)
+    if storage.values.to_pylist() != [float(i) for i in range(12)] or len(b) != 3:
+        msg = f"pa.array(3x4 tensor) reads {b.to_pylist()}, not the tensor's rows"
+        raise _Failed(msg)
+    what = name or f"{b.type} (pyarrow {pa.__version__} has no extension type for it)"
+    done.append(f"pa.array(3x4 tensor): {what} over the same memory")
+    try:  # pyarrow's own conversion: reported, not judged
+        shared = buffer_address(b.to_tensor()) == grid.data_ptr()
+    except Exception:  # no to_tensor(), or a pa.Tensor without the buffer protocol
+        pass
+    else:
+        done.append(f"its to_tensor() pa.Tensor {'shares' if shared else 'copies'} it")
+    return "; ".join(done)
 
 
 # Run in a child interpreter: if tensorbridge handed negative strides to PyTorch as they are, torch

@@ -3,9 +3,10 @@
 The doctor finds the array libraries installed here (from their distribution metadata, importing
 none until it needs it), then proves every exchange cell by running it:
 
-* **exchange matrix** -- every producer (the standard library's buffer exporters, each array
-  library, tensorbridge) against every consumer, once *through tensorbridge* (producer ->
-  tensorbridge -> consumer) and once *directly* where the two sides share a protocol. A cell is
+* **exchange matrix** -- every producer (the standard library's buffer exporters, a safetensors
+  and an ``.npy`` file the doctor writes and tensorbridge loads, each array library, tensorbridge)
+  against every consumer, once *through tensorbridge* (producer -> tensorbridge -> consumer)
+  and once *directly* where the two sides share a protocol. A cell is
   ``shared`` when a write through the producer is seen through the consumer (or, when neither side
   may be written, when both report the same address), ``copied`` when the values arrive but the
   memory is not shared, ``refused`` when a side raises (the reason is kept), and ``broken`` when
@@ -37,6 +38,7 @@ from .checks import CHECKS, Check, ChildCheck, run_check
 from .environment import Library, find_libraries
 from .errors import one_line
 from .exchange import BROKEN, Cell, Exchange
+from .files import FileSide, file_producers
 from .peers import SIDES
 from .progress import Progress
 from .scaleout import start as start_scaleout
@@ -146,7 +148,7 @@ def _matrix(
                     continue
                 progress(f"exchange {device}: {p.key} -> {c.key}")
                 cells.append(ex.run(p, c, device, "tensorbridge", dtype, unaligned=True))
-                if ex.tb not in (p, c):
+                if ex.tb not in (p, c) and not isinstance(p, FileSide):  # files need a loader
                     cells.append(ex.run(p, c, device, "direct", dtype, unaligned=True))
     return cells
 
@@ -185,11 +187,12 @@ def run(options: Options, stderr: TextIO | None = None) -> Report:
         tbside = TensorbridgeSide()
         ex = Exchange(tbside)
         devices = ["cpu", *sorted({d for s in sides for d in s.devices() if d.startswith("cuda")})]
-        producers = [*stdlib_producers(), *sides, tbside]
+        files = file_producers()
+        producers = [*stdlib_producers(), *files, *sides, tbside]
         matrix = _matrix(ex, producers, [tbside, MemoryviewSide(), *sides], devices, progress)
         typed = [s for s in sides if s.dtypes() and "cpu" in s.devices()]
-        dtype_consumers = [tbside, *(s for s in typed if s.protocol != "buffer")]
-        dtypes = _dtype_cells(ex, [*typed, tbside], dtype_consumers, progress)
+        dtype_consumers = [tbside, *(s for s in typed if s.protocol in ("dlpack", "both"))]
+        dtypes = _dtype_cells(ex, [*files, *typed, tbside], dtype_consumers, progress)
         by_key = {s.key: s for s in sides}
         checks = []
         for name, fn in CHECKS:

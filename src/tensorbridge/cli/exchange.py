@@ -14,6 +14,7 @@ import tensorbridge as tb
 from tensorbridge.testing import FLAG_READ_ONLY, capsule_flags
 
 from .errors import Unavailable, one_line, raised_in_tensorbridge, warning_text
+from .files import FileSide
 from .sides import ALIGN, Side, Stdlib, TensorbridgeSide, handoff, is_buffer, pattern
 
 __all__ = ["BROKEN", "COPIED", "NONE", "REFUSED", "SHARED", "Cell", "Exchange"]
@@ -221,7 +222,10 @@ class Exchange:
         calls: list[str] = []
         try:
             if flow.t is None and (through or flow.c is self.tb):
-                flow.t, call = self.tb.consume(flow.x)
+                if isinstance(flow.p, FileSide):  # tensorbridge's import of a file: its loader
+                    flow.t, call = flow.p.load(flow.x)
+                else:
+                    flow.t, call = self.tb.consume(flow.x)
                 calls.append(call)
         except Unavailable as exc:
             cell.reason = str(exc)
@@ -284,6 +288,11 @@ class Exchange:
         cell.reason = one_line(exc)
         if not self._in_path(cell, flow):
             cell.outcome, cell.blame = REFUSED, (flow.p if stage == "import" else flow.c).key
+        elif stage == "import" and isinstance(flow.p, FileSide):
+            if isinstance(exc, OSError):  # the file system would not map it: not a guarantee
+                cell.outcome, cell.blame = REFUSED, flow.p.key
+            else:  # the doctor wrote the file as the format specifies
+                self._break(cell, f"tensorbridge could not load the {flow.p.key}: {cell.reason}")
         elif stage == "import":
             # Only tensorbridge's entry point and the producer's export ran: if the producer can
             # export, the failure is tensorbridge's, whatever its type.
@@ -315,6 +324,16 @@ class Exchange:
             return None
         if t.dtype.name != cell.dtype:
             return f"tensorbridge read {cell.dtype} from {p.key} as {t.dtype.name}"
+        if isinstance(p, FileSide):
+            # A map's address is not known before the load: a write to the file must be seen.
+            before = self.tb.read(t)
+            if not p.poke(x):
+                return None
+            seen = self.tb.read(t) != before
+            p.poke(x)  # flips the same bit back
+            if not seen:
+                return f"tensorbridge copied the {p.key} on load instead of mapping it"
+            return None
         if t.data_ptr() != p.address(x):
             return f"tensorbridge copied {p.key}'s memory on import instead of sharing it"
         return None
@@ -357,7 +376,7 @@ class Exchange:
         if not p.readonly(flow.x):
             return
         if t is not None and not t.is_readonly:
-            if isinstance(p, Stdlib):  # the buffer protocol said read-only: no excuse
+            if isinstance(p, (Stdlib, FileSide)):  # the buffer protocol or the map said so
                 self._break(cell, f"tensorbridge made a writable tensor over read-only {p.key}")
             else:
                 cell.notes.append(

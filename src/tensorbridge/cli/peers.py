@@ -218,7 +218,8 @@ class JaxSide(Side):
 
 
 class PyArrowSide(Side):
-    key, label, protocol = "pyarrow", "pyarrow", "buffer"
+    # It consumes the Arrow C data interface (``pa.array``), else the buffer protocol.
+    key, label, protocol = "pyarrow", "pyarrow", "arrow"
     _TYPES: Final = {
         "int8": "int8",
         "int16": "int16",
@@ -276,10 +277,15 @@ class PyArrowSide(Side):
         return not x.is_mutable if isinstance(x, self.pa.Buffer) else True
 
     def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
-        if hasattr(obj, "__dlpack__") and not is_buffer(obj):
-            msg = "pyarrow imports buffers, not DLPack"
+        found: list[tuple[str, Callable[[], Any]]] = []
+        if hasattr(obj, "__arrow_c_array__"):  # pyarrow 14 and later import it as an array
+            found.append(("pa.array", lambda: self.pa.array(obj)))
+        if is_buffer(obj):
+            found.append(("pa.py_buffer", lambda: self.pa.py_buffer(obj)))
+        if not found:
+            msg = "pyarrow imports Arrow arrays and buffers, not DLPack"
             raise Unavailable(msg)
-        return [("pa.py_buffer", lambda: self.pa.py_buffer(obj))]
+        return found
 
 
 class CupySide(Side):

@@ -61,7 +61,9 @@ class Side:
 
     key = "?"
     label = "?"
-    protocol = "buffer"  # what it consumes: "dlpack", "buffer" or "both"
+    # What it consumes: "dlpack", "buffer", "both" (the two), or "arrow" (the Arrow C data
+    # interface, then the buffer protocol).
+    protocol = "buffer"
     has_readonly = True  # False where the library has no read-only arrays at all (PyTorch)
     # The alignment every allocation of this producer has (0: whatever the allocator gives), and
     # the alignment this consumer needs to share memory instead of copying it (0: none).
