@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from ._args import GRAD_MSG_CREATE, as_bool, as_int
 from ._dtype import DType, as_dtype, float32
-from ._mapfile import MapError, as_path, map_window
+from ._mapfile import MapFailure, as_path, map_window
 from ._storage import Storage, allocate
 from ._tensor import Tensor
 
@@ -125,14 +125,13 @@ def _as_readonly(mode: object) -> bool:
 def _map(path: str | bytes, offset: int, nbytes: int, mode: str) -> Storage:
     """Map ``[offset, offset + nbytes)`` of the file through `map_window`, in PyTorch's words."""
     name = os.fsdecode(path)
-    try:
-        mapped = map_window(path, name, mode, offset=offset, length=nbytes, grow=mode == "r+")
-    except MapError as exc:
-        raise RuntimeError(_message(exc, name, offset, nbytes, mode)) from None
+    mapped = map_window(path, name, mode, offset=offset, length=nbytes, grow=mode == "r+")
+    if isinstance(mapped, MapFailure):
+        raise RuntimeError(_message(mapped, name, offset, nbytes, mode))
     return mapped.storage(offset, nbytes)
 
 
-def _message(exc: MapError, name: str, offset: int, nbytes: int, mode: str) -> str:
+def _message(exc: MapFailure, name: str, offset: int, nbytes: int, mode: str) -> str:
     """PyTorch's message for the step that failed (its text, where it has one, verbatim)."""
     reason = f"{exc.strerror} ({exc.errno})"
     required = offset + nbytes

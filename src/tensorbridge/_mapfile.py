@@ -13,9 +13,9 @@ last storage over it (and the `MappedFile`) dies. Three modes, as ``numpy.memmap
 * ``"c"``  private copy-on-write: writes stay in this process;
 * ``"r+"`` shared: writes reach the file.
 
-A failure is a `MapError` naming the step that failed; each caller words it its own way: `map_file`
-(the loaders) as the OS error prefixed with the API and the file name, `from_file` as PyTorch's
-``RuntimeError`` messages.
+A failure comes back as a `MapFailure` naming the step that failed; each caller raises it its own
+way: `map_file` (the loaders) as the OS error prefixed with the API and the file name, `from_file`
+as PyTorch's ``RuntimeError`` messages.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import errno
 import mmap
 import os
 import stat
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ._device import CPU
 from ._storage import READONLY_REQUEST, WRITABLE_REQUEST, BufferStorage, Storage, hold_buffer
 
-__all__ = ["MODES", "MapError", "MappedFile", "as_path", "check_mode", "map_file", "map_window"]
+__all__ = ["MODES", "MapFailure", "MappedFile", "as_path", "check_mode", "map_file", "map_window"]
 
 MODES: Final = ("r", "c", "r+")
 _ACCESS: Final = {"r": mmap.ACCESS_READ, "c": mmap.ACCESS_COPY, "r+": mmap.ACCESS_WRITE}
@@ -47,23 +47,24 @@ _KINDS: Final = (
 )
 
 
-class MapError(OSError):
-    """A file that could not be opened, checked or mapped.
+class MapFailure(NamedTuple):
+    """Why a file could not be opened, checked or mapped (returned, not raised: each caller raises
+    its own exception, in its own words).
 
     Attributes:
         step: what failed: ``"open"``, ``"stat"``, ``"kind"`` (not a regular file), ``"short"``
             (shorter than the window, and not to be grown), ``"resize"`` (growing it) or ``"map"``.
+        errno: the OS error number (None for ``"short"``).
+        strerror: the OS's text for it (or what went wrong).
         file_size: the file's length in bytes, where known (-1 otherwise).
         kind: for ``step == "kind"``, what the file is (``"a directory"``, ``"a FIFO"``, ...).
     """
 
-    def __init__(
-        self, code: int | None, reason: str, *, step: str, file_size: int = -1, kind: str = ""
-    ) -> None:
-        super().__init__(code, reason)
-        self.step = step
-        self.file_size = file_size
-        self.kind = kind
+    step: str
+    errno: int | None
+    strerror: str
+    file_size: int = -1
+    kind: str = ""
 
 
 class MappedFile:
@@ -172,16 +173,16 @@ def map_file(filename: Any, mode: str, api: str, *, fd: int | None = None) -> Ma
         name = os.fsdecode(path)
     else:
         source, name = fd, str(filename)
-    try:
-        return map_window(source, name, mode)
-    except MapError as exc:
-        if exc.step == "kind" and exc.errno != errno.EISDIR:
-            reason = f"not a regular file; got {exc.kind}. Pass the path of a regular file."
-        else:
-            reason = exc.strerror or str(exc)
-        msg = f"{api}(): cannot map file <{name}>: {reason}"
-        # OSError(errno, text) is built as the errno's subclass (FileNotFoundError, ...).
-        raise OSError(exc.errno, msg) if exc.errno else OSError(msg) from None
+    mapped = map_window(source, name, mode)
+    if isinstance(mapped, MappedFile):
+        return mapped
+    if mapped.step == "kind" and mapped.errno != errno.EISDIR:
+        reason = f"not a regular file; got {mapped.kind}. Pass the path of a regular file."
+    else:
+        reason = mapped.strerror
+    msg = f"{api}(): cannot map file <{name}>: {reason}"
+    # OSError(errno, text) is built as the errno's subclass (FileNotFoundError, ...).
+    raise OSError(mapped.errno, msg) if mapped.errno else OSError(msg)
 
 
 def map_window(
@@ -192,7 +193,7 @@ def map_window(
     offset: int = 0,
     length: int | None = None,
     grow: bool = False,
-) -> MappedFile:
+) -> MappedFile | MapFailure:
     """Map bytes ``[offset, offset + length)`` of a file (all of it when ``length`` is None).
 
     Args:
@@ -206,11 +207,9 @@ def map_window(
             sparsely (no byte is written), instead of refusing it.
 
     Returns:
-        The mapped file; `MappedFile.storage` takes file offsets.
-
-    Raises:
-        MapError: the file cannot be opened, is not a regular file, is shorter than the window
-            (and not to be grown), cannot be grown, or cannot be mapped.
+        The mapped file (`MappedFile.storage` takes file offsets); or, when the file cannot be
+        opened, is not a regular file, is shorter than the window (and not to be grown), cannot be
+        grown, or cannot be mapped, a `MapFailure` saying which.
     """
     grow = grow and mode == "r+"
     if isinstance(source, int):
@@ -219,7 +218,7 @@ def map_window(
     try:
         fd = os.open(source, flags | _O_BINARY | _O_NONBLOCK, 0o666)
     except OSError as exc:
-        raise MapError(exc.errno, exc.strerror or str(exc), step="open") from None
+        return MapFailure("open", exc.errno, exc.strerror or str(exc))
     try:
         return _map_fd(fd, name, mode, offset, length, grow)
     finally:
@@ -228,16 +227,16 @@ def map_window(
 
 def _map_fd(
     fd: int, name: str, mode: str, offset: int, length: int | None, grow: bool
-) -> MappedFile:
+) -> MappedFile | MapFailure:
     try:
         status = os.fstat(fd)
     except OSError as exc:
-        raise MapError(exc.errno, exc.strerror or str(exc), step="stat") from None
+        return MapFailure("stat", exc.errno, exc.strerror or str(exc))
     if not stat.S_ISREG(status.st_mode):
-        kind = next((kind for test, kind in _KINDS if test(status.st_mode)), "a special file")
+        kind = next((what for test, what in _KINDS if test(status.st_mode)), "a special file")
         # mmap(2) answers ENODEV for files that cannot be mapped; a directory keeps EISDIR.
         code = errno.EISDIR if kind == "a directory" else errno.ENODEV
-        raise MapError(code, os.strerror(code), step="kind", file_size=status.st_size, kind=kind)
+        return MapFailure("kind", code, os.strerror(code), status.st_size, kind)
     size = status.st_size
     if length is None:
         start, stop = 0, size
@@ -245,14 +244,13 @@ def _map_fd(
         stop = offset + length
         if size < stop:
             if not grow:
-                reason = "the file is shorter than the window"
-                raise MapError(None, reason, step="short", file_size=size)
+                return MapFailure("short", None, "the file is shorter than the window", size)
             try:
                 os.ftruncate(fd, stop)
             except OverflowError:  # past the largest file offset the OS can represent
-                raise MapError(errno.EFBIG, os.strerror(errno.EFBIG), step="resize") from None
+                return MapFailure("resize", errno.EFBIG, os.strerror(errno.EFBIG))
             except OSError as exc:
-                raise MapError(exc.errno, exc.strerror or str(exc), step="resize") from None
+                return MapFailure("resize", exc.errno, exc.strerror or str(exc))
             size = stop
         # mmap offsets are multiples of the allocation granularity; the window starts past them.
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
@@ -263,9 +261,9 @@ def _map_fd(
     try:
         mapping = mmap.mmap(fd, stop - start, access=_ACCESS[mode], offset=start)
     except OSError as exc:
-        raise MapError(exc.errno, exc.strerror or str(exc), step="map") from None
+        return MapFailure("map", exc.errno, exc.strerror or str(exc))
     except OverflowError:  # a window larger than the address space can index
-        raise MapError(errno.ENOMEM, os.strerror(errno.ENOMEM), step="map") from None
+        return MapFailure("map", errno.ENOMEM, os.strerror(errno.ENOMEM))
     except ValueError as exc:  # the file shrank between fstat and mmap
-        raise MapError(errno.EINVAL, str(exc), file_size=size, step="map") from None
+        return MapFailure("map", errno.EINVAL, str(exc), size)
     return MappedFile(name, size, readonly, mapping, base=start)
