@@ -1,8 +1,10 @@
 """`from_file`: a tensor over a memory-mapped file.
 
-The file is mapped with ``mmap`` and the storage holds the mapping's buffer export (as `frombuffer`
-does), so mapping a file of any size costs the same: nothing is read until an element is, and the
-mapping stays open while any view lives. Three kinds of mapping:
+`_mapfile.map_window` opens and maps the file (the rules every file loader shares: paths, regular
+files only, length checks, growing, the map's lifetime); this module keeps PyTorch's arguments and
+words the failures as PyTorch does. The storage holds the map's buffer export, so mapping a file of
+any size costs the same: nothing is read until an element is, and the map stays open while any view
+lives. Three kinds of mapping:
 
 * private copy-on-write (``shared=False`` or ``None``, PyTorch's default): writes stay here;
 * shared (``shared=True``): writes reach the file; a missing file is created, a short one grown;
@@ -12,23 +14,19 @@ mapping stays open while any view lives. Three kinds of mapping:
 from __future__ import annotations
 
 import errno
-import mmap
 import os
-import stat
 from typing import Any, Final
 
 from ._args import GRAD_MSG_CREATE, as_bool, as_int
-from ._device import CPU
 from ._dtype import DType, as_dtype, float32
-from ._storage import READONLY_REQUEST, WRITABLE_REQUEST, Storage, allocate, hold_buffer
+from ._mapfile import MapFailure, as_path, map_window
+from ._storage import Storage, allocate
 from ._tensor import Tensor
 
 __all__ = ["from_file"]
 
 _API: Final = "from_file"
 _MODES: Final = (None, "r")
-# os.O_BINARY exists (and matters) only on Windows.
-_O_BINARY: Final[int] = getattr(os, "O_BINARY", 0)
 
 
 def from_file(
@@ -65,14 +63,15 @@ def from_file(
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: ``offset`` is negative or ``mode`` unknown.
-        RuntimeError: the file cannot be opened or mapped, is shorter than needed, or ``size`` is
-            negative (PyTorch's messages); or ``requires_grad`` with an integer dtype.
+        ValueError: ``offset`` is negative, ``mode`` unknown or ``filename`` holds a NUL byte.
+        RuntimeError: the file cannot be opened, grown or mapped, is not a regular file, is shorter
+            than needed, or ``size`` is negative (PyTorch's messages); or ``requires_grad`` with
+            an integer dtype.
 
     Example:
         >>> t = from_file("weights.bin", size=1024, dtype=tensorbridge.float16, mode="r")
     """
-    path = _as_path(filename)
+    path = as_path(filename, _API, position=1)
     shared = _as_shared(shared)
     if size.__class__ is not int:
         size = as_int(size, _API, "size", argument=True)
@@ -99,26 +98,8 @@ def from_file(
         storage = allocate(0)
         storage.readonly = readonly
     else:
-        storage = _map(
-            path,
-            offset,
-            nbytes,
-            writable_file=shared and not readonly,
-            copy_on_write=not shared,
-            readonly=readonly,
-        )
+        storage = _map(path, offset, nbytes, "r" if readonly else "r+" if shared else "c")
     return Tensor._new(storage, 0, (size,), (1,), dtype, _API, requires_grad)
-
-
-def _as_path(filename: object) -> str | bytes:
-    try:
-        return os.fspath(filename)  # type: ignore[call-overload]
-    except TypeError:
-        msg = (
-            f"{_API}(): argument 'filename' (position 1) must be str, bytes or os.PathLike, "
-            f"not {type(filename).__name__}; got {filename!r}."
-        )
-        raise TypeError(msg) from None
 
 
 def _as_shared(shared: object) -> bool:
@@ -141,61 +122,40 @@ def _as_readonly(mode: object) -> bool:
     return mode == "r"
 
 
-def _map(
-    path: str | bytes,
-    offset: int,
-    nbytes: int,
-    *,
-    writable_file: bool,
-    copy_on_write: bool,
-    readonly: bool,
-) -> Storage:
-    """Map ``[offset, offset + nbytes)`` of the file and hold the mapping for a new storage."""
+def _map(path: str | bytes, offset: int, nbytes: int, mode: str) -> Storage:
+    """Map ``[offset, offset + nbytes)`` of the file through `map_window`, in PyTorch's words."""
     name = os.fsdecode(path)
-    flags = os.O_RDWR | os.O_CREAT if writable_file else os.O_RDONLY
-    try:
-        fd = os.open(path, flags | _O_BINARY, 0o666)
-    except OSError as exc:
-        how = "read-write" if writable_file else "read-only"
-        msg = f"{_API}(): unable to open file <{name}> in {how} mode: {exc.strerror} ({exc.errno})"
-        raise RuntimeError(msg) from None
-    try:
-        required = offset + nbytes
-        status = os.fstat(fd)
-        if stat.S_ISDIR(status.st_mode):
-            msg = (
-                f"{_API}(): unable to mmap {nbytes} bytes from file <{name}>: "
-                f"{os.strerror(errno.EISDIR)} ({errno.EISDIR})"
-            )
-            raise RuntimeError(msg)
-        if status.st_size < required:
-            if not writable_file:
-                grow = "" if readonly else ", or pass shared=True to grow the file"
-                msg = (
-                    f"{_API}(): file <{name}> size <{status.st_size}> is smaller than the "
-                    f"required mapping size <{required}> (offset {offset} bytes + {nbytes} "
-                    f"bytes of elements); map fewer elements{grow}."
-                )
-                raise RuntimeError(msg)
-            os.ftruncate(fd, required)  # grows the file sparsely: no byte is written
-        # mmap offsets are multiples of the allocation granularity; the storage starts past them.
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        access = (
-            mmap.ACCESS_READ
-            if readonly
-            else mmap.ACCESS_COPY
-            if copy_on_write
-            else mmap.ACCESS_WRITE
+    mapped = map_window(path, name, mode, offset=offset, length=nbytes, grow=mode == "r+")
+    if isinstance(mapped, MapFailure):
+        raise RuntimeError(_message(mapped, name, offset, nbytes, mode))
+    return mapped.storage(offset, nbytes)
+
+
+def _message(exc: MapFailure, name: str, offset: int, nbytes: int, mode: str) -> str:
+    """PyTorch's message for the step that failed (its text, where it has one, verbatim)."""
+    reason = f"{exc.strerror} ({exc.errno})"
+    required = offset + nbytes
+    if exc.step == "open":
+        how = "read-write" if mode == "r+" else "read-only"
+        return f"{_API}(): unable to open file <{name}> in {how} mode: {reason}"
+    if exc.step == "stat":
+        return f"{_API}(): unable to stat the file <{name}>: {reason}"
+    if exc.step == "kind" and exc.errno != errno.EISDIR:
+        return (
+            f"{_API}(): unable to mmap {nbytes} bytes from file <{name}>: not a regular file; got "
+            f"{exc.kind}. Pass the path of a regular file."
         )
-        try:
-            mapping = mmap.mmap(fd, required - start, access=access, offset=start)
-        except OSError as exc:
-            msg = (
-                f"{_API}(): unable to mmap {nbytes} bytes from file <{name}>: {exc.strerror} "
-                f"({exc.errno})"
-            )
-            raise RuntimeError(msg) from None
-    finally:
-        os.close(fd)  # the mapping keeps a descriptor of its own
-    held, view = hold_buffer(mapping, READONLY_REQUEST if readonly else WRITABLE_REQUEST)
-    return Storage(view.buf + (offset - start), nbytes, CPU, readonly, held)
+    if exc.step == "short":
+        grow = "" if mode == "r" else ", or pass shared=True to grow the file"
+        return (
+            f"{_API}(): file <{name}> size <{exc.file_size}> is smaller than the required "
+            f"mapping size <{required}> (offset {offset} bytes + {nbytes} bytes of elements); "
+            f"map fewer elements{grow}."
+        )
+    if exc.step == "resize":
+        return (
+            f"{_API}(): unable to resize file <{name}> to the right size: {reason}; got a "
+            f"required size of {required} bytes (offset {offset} bytes + {nbytes} bytes of "
+            f"elements). Map fewer elements, or pass shared=False for a private mapping."
+        )
+    return f"{_API}(): unable to mmap {nbytes} bytes from file <{name}>: {reason}"

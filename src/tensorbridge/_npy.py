@@ -203,8 +203,9 @@ def load_npy(file: Any, *, mode: str | None = "r") -> Tensor:
                 f"got mode={mode!r}. Pass mode=None to read it into memory."
             )
             raise ValueError(msg) from None
-        base = file.tell()
+        # Mapped first: map_file refuses a pipe or other non-regular file before tell() would.
         mapped = map_file(getattr(file, "name", "<file>"), mode, api, fd=fd)
+        base = file.tell()
 
     def read(a: int, b: int) -> bytes:
         return mapped.read(base + a, base + b)
