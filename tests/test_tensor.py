@@ -839,3 +839,13 @@ def test_int_of_complex_with_imaginary_part_is_refused():
     assert int(tb.tensor(3 + 0j)) == 3
     with pytest.raises(RuntimeError, match="value cannot be converted to type int64_t"):
         int(tb.tensor(3 + 1j))
+
+
+def test_squeeze_checks_each_dim_in_order():
+    """Each dim is wrapped, then checked for repeats, in order, as PyTorch does: the first fault wins."""
+    t = tb.tensor(1.0)
+    with pytest.raises(RuntimeError, match="dim 0 appears multiple times in the list of dims"):
+        t.squeeze((0, 0, 1))
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        t.squeeze((1, 0, 0))
+    assert tb.zeros(1, 2, 1).squeeze((0, -1)).shape == (2,)

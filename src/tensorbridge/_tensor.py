@@ -369,12 +369,13 @@ class Tensor:
             keep = [i for i, s in enumerate(self._shape) if s != 1]
         else:
             dims = (dim,) if isinstance(dim, int) else tuple(dim)
-            named = [_layout.normalize_dim(d, self.ndim, "squeeze") for d in dims]
-            drop = set(named)
-            if len(drop) != len(named):
-                repeated = next(d for d in named if named.count(d) > 1)
-                msg = f"squeeze(): dim {repeated} appears multiple times in the list of dims"
-                raise RuntimeError(msg)
+            drop: set[int] = set()
+            for d in dims:  # in PyTorch's order: each dim is wrapped, then checked for repeats
+                named = _layout.normalize_dim(d, self.ndim, "squeeze")
+                if named in drop:
+                    msg = f"squeeze(): dim {named} appears multiple times in the list of dims"
+                    raise RuntimeError(msg)
+                drop.add(named)
             keep = [i for i in range(self.ndim) if not (i in drop and self._shape[i] == 1)]
         return self._view(
             self._offset, [self._shape[i] for i in keep], [self._strides[i] for i in keep]
