@@ -155,7 +155,7 @@ def test_hold_buffer_keeps_the_export_until_the_owner_dies():
     owner, view = hold_buffer(data, _capi.PY_BUF_WRITABLE)
     storage = Storage(view.buf, view.len, CPU, bool(view.readonly), owner)
     t = Tensor._new(storage, 0, (4,), (1,), tb.uint8)
-    del owner, storage
+    del owner, storage, view  # the view is part of the hold: it releases the export when it dies
     with pytest.raises(BufferError, match="Existing exports of data: object cannot be re-sized"):
         data.append(5)
     t[0] = 9

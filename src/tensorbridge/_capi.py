@@ -15,6 +15,7 @@ __all__ = [
     "PY_BUF_FULL_RO",
     "PY_BUF_ND",
     "PY_BUF_WRITABLE",
+    "BufferView",
     "PyBuffer_Release",
     "PyCapsule_GetName",
     "PyCapsule_GetPointer",
@@ -23,6 +24,7 @@ __all__ = [
     "PyCapsule_SetName",
     "PyObject_GetBuffer",
     "Py_buffer",
+    "VoidFunction",
     "keep_forever",
     "steal",
 ]
@@ -45,10 +47,34 @@ def _bind(name: str, restype: object, *argtypes: object) -> Any:
 
 
 PyCapsule_New: Final = _bind("PyCapsule_New", _py, _vp, _cp, _vp)
-PyCapsule_GetPointer: Final = _bind("PyCapsule_GetPointer", _vp, _py, _cp)
 PyCapsule_IsValid: Final = _bind("PyCapsule_IsValid", _int, _py, _cp)
 PyCapsule_GetName: Final = _bind("PyCapsule_GetName", _vp, _py)
-PyCapsule_SetName: Final = _bind("PyCapsule_SetName", _int, _py, _cp)
+
+
+# The calls on every import's path: direct in the compiled build (`_capi_c`, same signatures and
+# errors), through ctypes otherwise. ``VoidFunction(address)`` calls ``void f(void *)`` at an
+# address without the GIL (a DLPack deleter).
+def _compiled() -> Any:
+    """The compiled `_capi_c`, or None (the pure-Python build, or TENSORBRIDGE_NO_EXTENSIONS=1)."""
+    try:
+        from . import _capi_c
+    except ImportError:
+        return None
+    return _capi_c
+
+
+_direct = _compiled()
+PyCapsule_GetPointer: Any
+PyCapsule_SetName: Any
+VoidFunction: Any
+if _direct is not None:
+    PyCapsule_GetPointer = _direct.capsule_pointer
+    PyCapsule_SetName = _direct.capsule_set_name
+    VoidFunction = _direct.VoidFunction
+else:
+    PyCapsule_GetPointer = _bind("PyCapsule_GetPointer", _vp, _py, _cp)
+    PyCapsule_SetName = _bind("PyCapsule_SetName", _int, _py, _cp)
+    VoidFunction = ctypes.CFUNCTYPE(None, _vp)
 PyCapsule_SetDestructor: Final = _bind("PyCapsule_SetDestructor", _int, _py, _vp)
 PyErr_Clear: Final = _bind("PyErr_Clear", None)
 # PyObject *PyErr_GetRaisedException(void) (3.12+): takes the pending exception out; NULL if none.
@@ -90,6 +116,30 @@ PyBuffer_Release: Final = _bind("PyBuffer_Release", None, ctypes.POINTER(Py_buff
 PyMemoryView_FromMemory: Final = _bind("PyMemoryView_FromMemory", _py, _vp, _ssize, _int)
 PyBUF_READ: Final = 0x100
 PyBUF_WRITE: Final = 0x200
+
+
+class _HeldBuffer(Py_buffer):
+    """A ``Py_buffer`` held open: ``PyObject_GetBuffer`` on creation, ``PyBuffer_Release`` exactly
+    once, when the object dies (never while the interpreter is finalising: the memory is then left
+    to the OS). The pure-Python `BufferView`; the compiled one holds the struct inline."""
+
+    def __init__(self, obj: object, flags: int) -> None:
+        super().__init__()
+        # If the request fails, ``obj`` stays NULL and __del__ releases nothing.
+        PyObject_GetBuffer(obj, self, flags)
+
+    def __del__(
+        self, _finalizing: Any = sys.is_finalizing, _release: Any = PyBuffer_Release
+    ) -> None:
+        # What it calls is bound as defaults: it may run while module globals are being cleared.
+        if _finalizing() or not self.obj:
+            return
+        _release(self)
+
+
+# ``BufferView(obj, flags)``: a held buffer whose fields read as `Py_buffer`'s (``view.shape[:n]``
+# works on both builds).
+BufferView: Any = _HeldBuffer if _direct is None else _direct.BufferView
 
 
 # Used by asarray to recognise buffer exporters without acquiring (or failing to acquire) a buffer.

@@ -50,7 +50,6 @@ from ._dlpack_abi import (
     DLTENSOR_VERSIONED,
     USED_DLTENSOR,
     USED_DLTENSOR_VERSIONED,
-    DLPackDeleter,
 )
 from ._dlpack_c import (
     DTYPE_BY_WORD,
@@ -483,7 +482,7 @@ def _release_unowned(managed: int) -> None:
 def _deleter_function(address: int) -> Any:
     """The ctypes function that calls the producer's deleter at ``address`` (made once)."""
     fn = _DELETERS.get(address)
-    return fn if fn is not None else remember(_DELETERS, address, DLPackDeleter(address))
+    return fn if fn is not None else remember(_DELETERS, address, _capi.VoidFunction(address))
 
 
 def _versioned(managed: int) -> tuple[Tensor, int]:

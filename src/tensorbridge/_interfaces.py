@@ -314,7 +314,7 @@ def import_array_interface(obj: object, iface: object, api: str) -> Tensor:
     )
 
 
-def _hold_data_buffer(data: object, api: str, name: str) -> tuple[object, _capi.Py_buffer]:
+def _hold_data_buffer(data: object, api: str, name: str) -> tuple[object, Any]:
     """Hold the contiguous buffer behind ``data`` open; writable or not, as the exporter says."""
     try:
         return hold_buffer(data, _capi.PY_BUF_SIMPLE)

@@ -377,30 +377,22 @@ class BufferStorage(_SelfOwned):
 
     It spans the exporter's whole buffer; `_buffer.frombuffer` narrows it to the bytes it views
     before anything else sees it. Other importers use it as the owner of their own storage (see
-    `hold_buffer`).
+    `hold_buffer`). The export is released when ``view`` (a `_capi.BufferView`, held only here)
+    dies with the storage.
     """
 
     __slots__ = ("view",)
 
     def __init__(self, obj: object, flags: int) -> None:
-        view = self.view = _capi.Py_buffer()
-        # The Py_buffer holds the one strong reference to the exporter (view.obj) until released.
-        # If the request fails, view.obj stays NULL and __del__ releases nothing.
-        _capi.PyObject_GetBuffer(obj, view, flags)
+        # The view holds the one strong reference to the exporter until it is released.
+        view = self.view = _capi.BufferView(obj, flags)
         Storage.__init__(self, view.buf or 0, view.len, CPU, view.readonly != 0, None)
 
     @property
     def obj(self) -> object:
         """The exporting object, or None once the buffer is released."""
-        return ctypes.cast(self.view.obj, ctypes.py_object).value if self.view.obj else None
-
-    def __del__(
-        self, _finalizing: Any = sys.is_finalizing, _release: Any = _capi.PyBuffer_Release
-    ) -> None:
-        # What it calls is bound as defaults: it may run while module globals are being cleared.
-        if _finalizing() or not self.view.obj:
-            return  # leak rather than run C-API calls during shutdown
-        _release(self.view)
+        address = self.view.obj
+        return ctypes.cast(address, ctypes.py_object).value if address else None
 
 
 # The buffer requests tensorbridge makes, as PyTorch and NumPy do, writable first: a simple request
@@ -409,8 +401,9 @@ WRITABLE_REQUEST: Final = _capi.PY_BUF_SIMPLE | _capi.PY_BUF_WRITABLE
 READONLY_REQUEST: Final = _capi.PY_BUF_SIMPLE
 
 
-def hold_buffer(obj: object, flags: int) -> tuple[BufferStorage, _capi.Py_buffer]:
-    """Acquire ``obj``'s buffer with ``flags``: the owner that releases it exactly once, and the view."""
+def hold_buffer(obj: object, flags: int) -> tuple[BufferStorage, Any]:
+    """Acquire ``obj``'s buffer with ``flags``: the owner, and its view (a `_capi.BufferView`) to
+    read the fields from. The export is released exactly once, when both are gone."""
     held = BufferStorage(obj, flags)
     return held, held.view
 

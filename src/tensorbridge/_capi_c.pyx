@@ -1,0 +1,122 @@
+# cython: language_level=3
+"""Direct calls of the C-API functions `_capi` binds through ctypes, for the compiled build.
+
+Each function here has the signature, the result and the errors of the ctypes prototype of the
+same job in `_capi`, which uses these when this module was compiled and ``TENSORBRIDGE_NO_EXTENSIONS``
+is not set. Only C-API mechanics live here: every rule about what the calls mean stays in the
+modules that make them. A ctypes call costs about 0.4 µs; these cost what a Python call does.
+"""
+
+import sys
+
+from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_SetName
+from cpython.ref cimport PyObject
+from libc.stdint cimport uintptr_t
+
+
+cdef inline const char* _name(object name) except? NULL:
+    # A capsule name, as ctypes passes a c_char_p: bytes, or None for NULL. The caller keeps the
+    # bytes alive for as long as C code may read them (a capsule stores the pointer it is given).
+    if name is None:
+        return NULL
+    return <bytes>name
+
+
+def capsule_pointer(object capsule, object name):
+    """``PyCapsule_GetPointer``: the pointer as an int; `ValueError` for another name (and None for
+    NULL, which a valid capsule never holds)."""
+    cdef void* pointer = PyCapsule_GetPointer(capsule, _name(name))
+    return None if pointer == NULL else <uintptr_t>pointer
+
+
+def capsule_set_name(object capsule, object name):
+    """``PyCapsule_SetName``: 0, or the C-API's exception. ``name`` must outlive the capsule."""
+    return PyCapsule_SetName(capsule, _name(name))
+
+
+ctypedef void (*_void_function)(void*) noexcept nogil
+
+
+cdef class VoidFunction:
+    """A callable for the C function ``void f(void *)`` at an address (a DLPack deleter), called
+    without the GIL, as a ctypes ``CFUNCTYPE(None, c_void_p)`` object calls it."""
+
+    cdef _void_function function
+
+    def __cinit__(self, uintptr_t address):
+        if address == 0:
+            raise ValueError("VoidFunction(): the function address is NULL")
+        self.function = <_void_function><void*>address
+
+    def __call__(self, uintptr_t argument):
+        with nogil:
+            self.function(<void*>argument)
+
+
+cdef object _is_finalizing = sys.is_finalizing
+
+
+cdef tuple _ssize_tuple(Py_ssize_t* values, int ndim):
+    return None if values == NULL else tuple([values[i] for i in range(ndim)])
+
+
+cdef class BufferView:
+    """A ``Py_buffer`` held open: ``PyObject_GetBuffer`` on creation, ``PyBuffer_Release`` exactly
+    once, when the object dies (never while the interpreter is finalising: the memory is then left
+    to the OS). Its fields read as those of `_capi.Py_buffer` do: addresses as ints or None,
+    ``format`` as bytes or None, ``shape``/``strides``/``suboffsets`` as tuples (or None for NULL).
+    """
+
+    cdef Py_buffer view
+    cdef bint held
+
+    def __cinit__(self, object obj, int flags):
+        PyObject_GetBuffer(obj, &self.view, flags)  # raises the exporter's error; nothing held
+        self.held = True
+
+    def __dealloc__(self):
+        if self.held and _is_finalizing is not None and not _is_finalizing():
+            self.held = False
+            PyBuffer_Release(&self.view)
+
+    @property
+    def buf(self):
+        return None if self.view.buf == NULL else <uintptr_t>self.view.buf
+
+    @property
+    def obj(self):
+        cdef PyObject* exporter = <PyObject*>self.view.obj  # no new reference
+        return None if not self.held or exporter == NULL else <uintptr_t>exporter
+
+    @property
+    def len(self):
+        return self.view.len
+
+    @property
+    def itemsize(self):
+        return self.view.itemsize
+
+    @property
+    def readonly(self):
+        return self.view.readonly
+
+    @property
+    def ndim(self):
+        return self.view.ndim
+
+    @property
+    def format(self):
+        return None if self.view.format == NULL else <bytes>self.view.format
+
+    @property
+    def shape(self):
+        return _ssize_tuple(self.view.shape, self.view.ndim)
+
+    @property
+    def strides(self):
+        return _ssize_tuple(self.view.strides, self.view.ndim)
+
+    @property
+    def suboffsets(self):
+        return _ssize_tuple(self.view.suboffsets, self.view.ndim)
