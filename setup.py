@@ -48,9 +48,24 @@ DISABLE_VARIABLE = "TENSORBRIDGE_NO_EXTENSIONS"
 #                   gets "SystemError: error return without exception set" instead of the
 #                   BufferError;
 #   _dlpack_export  the soak suite counts deleter calls by rebinding the deleter's default
-#                   arguments, which a compiled function ignores.
+#                   arguments, which a compiled function ignores;
+#   _indexing       its `warn` walks the caller frames to attribute PyTorch's uint8-mask warning
+#                   to the user's line; compiled functions have no frames, so it must stay Python;
+#   _tensor         compiled, the 0-d `T`/`mT` deprecation warning (a fixed stacklevel=3) is
+#                   attributed to the wrong line: compiled functions have no frames;
+#   _peers          compiled, `import ml_dtypes` returns None where sys.modules blocks it with
+#                   None (the source raises ImportError and gives its install hint).
 # cli/, utils/, testing.py and safetensors.py stay pure Python (not on any per-call path).
-NOT_COMPILED = {"__init__", "__main__", "_build", "_dlpack", "_dlpack_export"}
+NOT_COMPILED = {
+    "__init__",
+    "__main__",
+    "_build",
+    "_dlpack",
+    "_dlpack_export",
+    "_indexing",
+    "_peers",
+    "_tensor",
+}
 COMPILED = sorted(p.stem for p in SOURCE.glob("_*.py") if p.stem not in NOT_COMPILED)
 
 # Cython directives for every compiled module (the one place they are set):
