@@ -114,6 +114,12 @@ class BuildPy(build_py):
         target.mkdir(parents=True, exist_ok=True)
         for script in sorted(Path("benchmarks").glob("*.py")):
             shutil.copyfile(script, target / script.name)
+        reason = _disabled_reason(editable=False)
+        if reason is not None:  # no extension declared (a pure wheel): build_ext does not run
+            _warn(f"building pure Python only: {reason}")
+            _write_record(
+                self.build_lib, {"compiled": [], "cython": None, "failed": {}, "reason": reason}
+            )
 
 
 class BuildExt(build_ext):
@@ -193,13 +199,17 @@ class BuildExt(build_ext):
             "failed": failed,
             "reason": reason,
         }
-        target = Path(self.build_lib) / PACKAGE / RECORD
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        _write_record(self.build_lib, record)
 
     def get_outputs(self) -> list[str]:
         failed = {f"{PACKAGE}.{name}" for name in getattr(self, "failed", {})}
         return [self.get_ext_fullpath(e.name) for e in self.extensions if e.name not in failed]
+
+
+def _write_record(build_lib: str, record: dict[str, object]) -> None:
+    target = Path(build_lib) / PACKAGE / RECORD
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -208,7 +218,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 setup(
-    # Placeholders: BuildExt replaces them with the Cython-translated modules (or none).
-    ext_modules=[Extension(f"{PACKAGE}.{name}", [str(SOURCE / f"{name}.py")]) for name in COMPILED],
+    # Placeholders: BuildExt replaces their sources with the Cython-translated modules. None where
+    # the build is pure Python anyway, so that the wheel is tagged for any platform (py3-none-any).
+    ext_modules=[]
+    if _disabled_reason(editable=False) is not None
+    else [Extension(f"{PACKAGE}.{name}", [str(SOURCE / f"{name}.py")]) for name in COMPILED],
     cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
 )
