@@ -400,6 +400,8 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "memory": memory,
         "versions": versions,
+        # which build ran: compiled modules (and which) or pure Python, and why
+        "build": asdict(tb.build_info()),
     }
 
 
@@ -434,6 +436,7 @@ def render(results: Sequence[Result], info: dict[str, Any], command: str) -> str
         f"Python {info['python']} on {info['platform']}",
         f"{info['cpu']}, {info['cores']} cores, {info['memory']} RAM",
         versions,
+        f"tensorbridge build: {tb.build_info()}",
         "µs per call: median of timeit loops. ratio: tensorbridge µs / peer µs (below 1: faster).",
         "",
     ]

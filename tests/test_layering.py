@@ -22,7 +22,8 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
-MODULES = sorted(_module_name(p) for p in PACKAGE.rglob("*.py"))
+# A wheel also carries the benchmark scripts (tensorbridge/_benchmarks): not package floors.
+MODULES = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if "_benchmarks" not in p.parts)
 
 
 def _is_type_checking(test: ast.expr) -> bool:

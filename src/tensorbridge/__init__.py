@@ -22,6 +22,15 @@ from __future__ import annotations
 __version__ = "0.1.0"
 __all__ = ["__version__"]
 
+from . import _build  # first: TENSORBRIDGE_NO_EXTENSIONS routes every later import to the .py files
+
+if _build.disabled():
+    _build.route_to_source(__path__)
+
+from ._build import build_info
+
+__all__ += ["build_info"]
+
 from ._dtype import *  # noqa: F403  (dtype constants and PyTorch's aliases)
 from ._dtype import DType as dtype
 from ._dtype import __all__ as _dtype_all

@@ -326,7 +326,7 @@ class _Formatter:
         self.int_mode = True
         self.sci_mode = False
         if not floating:
-            self.width = max([1, *(len(f"{v}") for v in values)])
+            self.width = max([1] + [len(f"{v}") for v in values])
             return
         # Zeros and non-finite values print alike in every mode: they take no part in choosing it.
         measured = [v for v in values if counts(v)]
@@ -335,7 +335,7 @@ class _Formatter:
             return
         self.int_mode = all(_is_integral(v) for v in measured)
         self.sci_mode = _auto_sci_mode(measured) if _OPTS.sci_mode is None else _OPTS.sci_mode
-        self.width = max([1, *(len(self._text(v)) for v in measured)])
+        self.width = max([1] + [len(self._text(v)) for v in measured])
 
     def _text(self, value: Any) -> str:
         if not self.floating:

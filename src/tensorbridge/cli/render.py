@@ -261,6 +261,7 @@ def render(report: Report) -> str:
         f"tensorbridge {tb.__version__} doctor",
         f"Python {platform.python_version()} ({platform.python_implementation()}) on "
         f"{platform.platform()}",
+        f"build: {tb.build_info()}",
     ]
     lines = [*head, "", *_library_lines(report.libraries)]
     for device in report.devices:

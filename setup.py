@@ -1,0 +1,227 @@
+"""Build script for tensorbridge: the pure-Python package, plus an optional compiled build.
+
+Everything about the project (name, version, dependencies, extras, console script) is declared in
+pyproject.toml; this script adds only what setuptools cannot declare there:
+
+* **The compiled build.** A non-editable install (``pip install .``, a wheel) compiles the modules
+  in ``COMPILED`` with Cython in pure-Python mode, from the same ``.py`` files that ship beside the
+  extension modules. Compiling is optional: with no Cython, no C compiler or Python headers, on an
+  interpreter other than CPython, with ``TENSORBRIDGE_NO_EXTENSIONS`` set (to anything but ``0``),
+  or when one module fails to compile, the build warns and ships that module (or every module) as
+  pure Python. It never fails because of the compiled build.
+* **Editable installs stay pure Python.** ``pip install -e .`` compiles nothing, so no extension
+  module can shadow a ``.py`` file that a developer edits.
+* **What was built** is recorded in ``tensorbridge/_build_record.json`` (read by
+  ``tensorbridge.build_info()``).
+* **The benchmark scripts** in ``benchmarks/`` ship inside the wheel as ``tensorbridge/_benchmarks``
+  (``python -m tensorbridge bench`` runs them; from a checkout it finds ``benchmarks/`` directly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+PACKAGE = "tensorbridge"
+SOURCE = Path("src") / PACKAGE
+RECORD = "_build_record.json"
+DISABLE_VARIABLE = "TENSORBRIDGE_NO_EXTENSIONS"
+
+# The compiled modules: every private module of the package, less these (each decided by running
+# the whole test suite against the compiled install):
+#   __init__        routes imports to the .py files when TENSORBRIDGE_NO_EXTENSIONS is set at
+#                   import time, so it runs before any compiled module loads;
+#   __main__        runs once: nothing to gain;
+#   _build          imported by __init__ before that routing; it reports on the others;
+#   _dlpack         compiled, a refused producer's capsule is freed while the refusal propagates
+#                   (compiled frames keep no locals alive in the traceback): a capsule destructor
+#                   written in Python (ctypes) then runs with the exception set, and the caller
+#                   gets "SystemError: error return without exception set" instead of the
+#                   BufferError;
+#   _dlpack_export  the soak suite counts deleter calls by rebinding the deleter's default
+#                   arguments, which a compiled function ignores;
+#   _indexing       its `warn` walks the caller frames to attribute PyTorch's uint8-mask warning
+#                   to the user's line; compiled functions have no frames, so it must stay Python;
+#   _tensor         compiled, the 0-d `T`/`mT` deprecation warning (a fixed stacklevel=3) is
+#                   attributed to the wrong line: compiled functions have no frames;
+#   _peers          compiled, `import ml_dtypes` returns None where sys.modules blocks it with
+#                   None (the source raises ImportError and gives its install hint).
+# cli/, utils/, testing.py and safetensors.py stay pure Python (not on any per-call path).
+NOT_COMPILED = {
+    "__init__",
+    "__main__",
+    "_build",
+    "_dlpack",
+    "_dlpack_export",
+    "_indexing",
+    "_peers",
+    "_tensor",
+}
+COMPILED = sorted(p.stem for p in SOURCE.glob("_*.py") if p.stem not in NOT_COMPILED)
+
+# Cython directives for every compiled module (the one place they are set):
+#   annotation_typing=False: annotations are documentation, never run-time type checks; Cython
+#       would otherwise reject, for example, PyTorch's metaclass instances where `type` is annotated.
+#   binding=True: functions keep signatures and attributes (inspect.signature works on them).
+#   language_level=3: Python 3 semantics (the source's own).
+#   infer_types=False: every local stays a Python object; with inference, `b = bytearray(n)` makes
+#       `b[0::2] = some_bytes` raise TypeError and `l = [...]` rejects `l[0::2] = map(...)`.
+DIRECTIVES = {
+    "language_level": 3,
+    "infer_types": False,
+    "annotation_typing": False,
+    "binding": True,
+    "embedsignature": True,
+}
+# Per-module additions to DIRECTIVES (none needed so far).
+MODULE_DIRECTIVES: dict[str, dict[str, object]] = {}
+
+
+def _disabled_reason(editable: bool) -> str | None:
+    """Why this build compiles nothing, or None when it compiles."""
+    if editable:
+        return "editable install (the .py files are run, so edits take effect)"
+    if os.environ.get(DISABLE_VARIABLE, "") not in ("", "0"):
+        return f"{DISABLE_VARIABLE} was set when the package was built"
+    if platform.python_implementation() != "CPython":
+        return f"{platform.python_implementation()} is not CPython"
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "free-threaded CPython (not tested with the compiled build)"
+    return None
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: tensorbridge: {message}", file=sys.stderr, flush=True)
+
+
+class BuildPy(build_py):
+    """Ships ``benchmarks/`` as ``tensorbridge/_benchmarks`` in a wheel."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:  # the checkout's benchmarks/ is found directly
+            return
+        target = Path(self.build_lib) / PACKAGE / "_benchmarks"
+        target.mkdir(parents=True, exist_ok=True)
+        for script in sorted(Path("benchmarks").glob("*.py")):
+            shutil.copyfile(script, target / script.name)
+        reason = _disabled_reason(editable=False)
+        if reason is not None:  # no extension declared (a pure wheel): build_ext does not run
+            _warn(f"building pure Python only: {reason}")
+            _write_record(
+                self.build_lib, {"compiled": [], "cython": None, "failed": {}, "reason": reason}
+            )
+
+
+class BuildExt(build_ext):
+    """Compiles what it can, ships pure Python for the rest, and records which is which."""
+
+    def run(self) -> None:
+        reason = _disabled_reason(self.editable_mode)
+        cython_version = None
+        if reason is None:
+            try:
+                import Cython
+                from Cython.Build import cythonize
+            except ImportError:
+                reason = "Cython is not installed"
+            else:
+                cython_version = Cython.__version__
+                self.extensions = self._cythonize(cythonize)
+                if self.parallel is None:  # compile the modules on every core
+                    self.parallel = os.cpu_count() or 1
+        if reason is not None:
+            self.extensions = []
+            if self.editable_mode:
+                print(f"tensorbridge: pure Python: {reason}", file=sys.stderr)
+            else:
+                _warn(f"building pure Python only: {reason}")
+        self.failed: dict[str, str] = {}
+        if self.extensions:
+            try:
+                super().run()
+            except Exception as exc:  # no compiler at all (DistutilsPlatformError and kin)
+                self.failed.update({e.name: _one_line(exc) for e in self.extensions})
+                reason = f"the C compiler could not run: {_one_line(exc)}"
+        if not self.editable_mode:
+            self._record(reason, cython_version)
+
+    def _cythonize(self, cythonize: object) -> list[Extension]:
+        """The extensions whose module Cython translates; a failure leaves that module .py."""
+        build_dir = str(Path(self.build_temp) / "cython")
+        translated = []
+        self.untranslated: dict[str, str] = {}
+        for ext in self.extensions:  # finalized by setuptools: only the sources change
+            name = ext.name.rpartition(".")[2]
+            directives = {**DIRECTIVES, **MODULE_DIRECTIVES.get(name, {})}
+            try:
+                [result] = cythonize(  # type: ignore[operator]
+                    [Extension(ext.name, list(ext.sources))],
+                    compiler_directives=directives,
+                    build_dir=build_dir,
+                    quiet=True,
+                )
+            except Exception as exc:  # Cython's CompileError: ship this module as .py
+                self.untranslated[name] = _one_line(exc)
+                _warn(f"{name}.py is shipped uncompiled: Cython failed on it")
+                continue
+            ext.sources = list(result.sources)
+            translated.append(ext)
+        return translated
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # a compiler error in one module: ship it as .py
+            self.failed[ext.name] = _one_line(exc)
+            _warn(f"{ext.name} is shipped uncompiled: the C compiler failed: {_one_line(exc)}")
+            output = Path(self.get_ext_fullpath(ext.name))
+            output.unlink(missing_ok=True)
+
+    def _record(self, reason: str | None, cython_version: str | None) -> None:
+        """Write what was compiled into the package, for `tensorbridge.build_info()`."""
+        failed = {**getattr(self, "untranslated", {})}
+        failed.update({k.rpartition(".")[2]: v for k, v in getattr(self, "failed", {}).items()})
+        compiled = [e.name.rpartition(".")[2] for e in self.extensions]
+        compiled = [name for name in compiled if name not in failed]
+        record = {
+            "compiled": compiled,
+            "cython": cython_version if compiled else None,
+            "failed": failed,
+            "reason": reason,
+        }
+        _write_record(self.build_lib, record)
+
+    def get_outputs(self) -> list[str]:
+        failed = {f"{PACKAGE}.{name}" for name in getattr(self, "failed", {})}
+        return [self.get_ext_fullpath(e.name) for e in self.extensions if e.name not in failed]
+
+
+def _write_record(build_lib: str, record: dict[str, object]) -> None:
+    target = Path(build_lib) / PACKAGE / RECORD
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+setup(
+    # Placeholders: BuildExt replaces their sources with the Cython-translated modules. None where
+    # the build is pure Python anyway, so that the wheel is tagged for any platform (py3-none-any).
+    ext_modules=[]
+    if _disabled_reason(editable=False) is not None
+    else [Extension(f"{PACKAGE}.{name}", [str(SOURCE / f"{name}.py")]) for name in COMPILED],
+    cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
+)

@@ -1,0 +1,156 @@
+"""Which build runs: `tb.build_info()`, the import switch ``TENSORBRIDGE_NO_EXTENSIONS`` and the
+record the build writes. The same tests pass on a source checkout, an editable install (pure
+Python) and a compiled install: each compares what the report says with what is really loaded."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import json
+
+import pytest
+
+import tensorbridge as tb
+from tensorbridge import _build
+
+from .conftest import run_in_subprocess
+
+_EXT = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+
+# Imports the package and every private module, then prints the build and each module's file.
+_REPORT = """
+import importlib, json, pkgutil, sys
+import tensorbridge as tb
+names = [m.name for m in pkgutil.iter_modules(tb.__path__) if m.name.startswith("_")]
+for name in names:
+    if name != "__main__":
+        importlib.import_module("tensorbridge." + name)
+info = tb.build_info()
+files = {n.rpartition(".")[2]: m.__file__ for n, m in sys.modules.items()
+         if n.startswith("tensorbridge.") and getattr(m, "__file__", None)}
+print("RESULT " + json.dumps({"kind": info.kind, "modules": list(info.modules),
+                              "cython": info.cython, "reason": info.reason, "files": files}))
+"""
+
+
+def _child_report(env: dict[str, str] | None = None) -> dict:
+    proc = run_in_subprocess(_REPORT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def _recorded() -> list[str]:
+    record = _build._read_record()
+    return list(record.get("compiled") or [])
+
+
+def test_build_info_names_exactly_the_loaded_extension_modules():
+    """build_info() lists the modules whose loaded file is an extension module, and no other."""
+    report = _child_report({_build.DISABLE_VARIABLE: ""})
+    compiled = sorted(n for n, f in report["files"].items() if f.endswith(_EXT))
+    assert report["modules"] == compiled
+    assert report["kind"] == ("compiled" if compiled else "pure-python")
+    assert (report["cython"] is not None) == bool(compiled)
+    assert set(compiled) == set(_recorded())  # every module the build compiled is the one loaded
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_no_extensions_variable_runs_every_module_from_source(value):
+    """TENSORBRIDGE_NO_EXTENSIONS set at import time loads only .py files and says so."""
+    report = _child_report({_build.DISABLE_VARIABLE: value})
+    assert report["kind"] == "pure-python"
+    assert report["modules"] == []
+    assert report["cython"] is None
+    assert all(f.endswith((".py", ".pyc")) for f in report["files"].values()), report["files"]
+    if _recorded():
+        assert report["reason"] == "TENSORBRIDGE_NO_EXTENSIONS is set"
+
+
+def test_no_extensions_variable_zero_keeps_the_compiled_modules():
+    """TENSORBRIDGE_NO_EXTENSIONS=0 does not switch the compiled modules off."""
+    report = _child_report({_build.DISABLE_VARIABLE: "0"})
+    assert report["modules"] == sorted(_recorded())
+
+
+def test_this_process_runs_the_build_it_reports():
+    """In this process too, each listed module's file is an extension module."""
+    info = tb.build_info()
+    for name in info.modules:
+        module = importlib.import_module(f"tensorbridge.{name}")
+        assert module.__file__.endswith(_EXT)
+    assert info.kind == ("compiled" if info.modules else "pure-python")
+
+
+def test_route_to_source_prefers_the_py_file_over_an_extension(tmp_path):
+    """route_to_source makes a package import its .py file where an extension file sits beside it."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text("WHERE = 'source'\n")
+    # Not a loadable library: importing it as an extension fails, so a passing import proves
+    # that the source loader was chosen.
+    (package / f"mod{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"not a library")
+    code = f"""
+    import sys
+    sys.path.insert(0, {str(tmp_path)!r})
+    import pkg
+    try:
+        import pkg.mod
+    except ImportError:
+        print("EXTENSION CHOSEN")
+    else:
+        raise SystemExit("the extension file was not preferred: the test proves nothing")
+    sys.modules.pop("pkg.mod", None)
+    from tensorbridge import _build
+    _build.route_to_source(pkg.__path__)
+    import pkg.mod
+    print(pkg.mod.WHERE, pkg.mod.__file__.endswith(".py"))
+    """
+    proc = run_in_subprocess(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["EXTENSION", "CHOSEN", "source", "True"]
+
+
+def test_build_info_without_a_record_says_not_built(monkeypatch, tmp_path):
+    """With no build record (a checkout or an editable install) the build is pure Python, not built."""
+    monkeypatch.setattr(_build, "_RECORD", tmp_path / "missing.json")
+    info = _build.build_info()
+    assert info == _build.BuildInfo(
+        "pure-python", (), None, "not built (a source checkout or an editable install)"
+    )
+    assert str(info) == "pure-python: not built (a source checkout or an editable install)"
+
+
+def test_build_info_reports_the_reason_the_build_recorded(monkeypatch, tmp_path):
+    """A build that compiled nothing reports the reason it recorded."""
+    record = tmp_path / "record.json"
+    reason = "TENSORBRIDGE_NO_EXTENSIONS was set when the package was built"
+    record.write_text(json.dumps({"compiled": [], "cython": None, "failed": {}, "reason": reason}))
+    monkeypatch.setattr(_build, "_RECORD", record)
+    assert _build.build_info() == _build.BuildInfo("pure-python", (), None, reason)
+
+
+def test_build_info_when_recorded_modules_do_not_load(monkeypatch, tmp_path):
+    """A record that lists modules without their extension files reports that they did not load."""
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps({"compiled": ["_no_such_module"], "cython": "3.3.1"}))
+    monkeypatch.setattr(_build, "_RECORD", record)
+    monkeypatch.setattr(_build, "_routed", [])
+    info = _build.build_info()
+    assert info == _build.BuildInfo("pure-python", (), None, "the compiled modules did not load")
+
+
+def test_build_info_str_of_a_compiled_build():
+    """str() of a compiled build names Cython's version, the module count and what failed."""
+    info = _build.BuildInfo("compiled", ("_dlpack", "_tensor"), "3.3.1", "not compiled: _format")
+    assert str(info) == "compiled (Cython 3.3.1; 2 modules): not compiled: _format"
+
+
+def test_build_info_is_public():
+    """tb.build_info is exported and returns a frozen BuildInfo."""
+    assert "build_info" in tb.__all__
+    info = tb.build_info()
+    assert isinstance(info, _build.BuildInfo)
+    with pytest.raises(AttributeError):
+        info.kind = "compiled"  # type: ignore[misc]
