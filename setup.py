@@ -67,6 +67,9 @@ NOT_COMPILED = {
     "_tensor",
 }
 COMPILED = sorted(p.stem for p in SOURCE.glob("_*.py") if p.stem not in NOT_COMPILED)
+# Modules that exist only compiled: `_capi_c` makes `_capi`'s C-API calls directly (the capsule
+# calls, the DLPack deleter call, a held Py_buffer); `_capi` falls back to ctypes without it.
+C_API_MODULES = sorted(p.stem for p in SOURCE.glob("_*.pyx"))
 
 # Cython directives for every compiled module (the one place they are set):
 #   annotation_typing=False: annotations are documentation, never run-time type checks; Cython
@@ -222,6 +225,7 @@ setup(
     # the build is pure Python anyway, so that the wheel is tagged for any platform (py3-none-any).
     ext_modules=[]
     if _disabled_reason(editable=False) is not None
-    else [Extension(f"{PACKAGE}.{name}", [str(SOURCE / f"{name}.py")]) for name in COMPILED],
+    else [Extension(f"{PACKAGE}.{name}", [str(SOURCE / f"{name}.py")]) for name in COMPILED]
+    + [Extension(f"{PACKAGE}.{name}", [str(SOURCE / f"{name}.pyx")]) for name in C_API_MODULES],
     cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
 )

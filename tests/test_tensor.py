@@ -841,6 +841,15 @@ def test_int_of_complex_with_imaginary_part_is_refused():
         int(tb.tensor(3 + 1j))
 
 
+def test_float_of_complex_with_imaginary_part_is_refused():
+    """``float()`` of a complex tensor drops a zero imaginary part and refuses another, as PyTorch."""
+    assert float(tb.tensor(1.5 + 0j)) == 1.5
+    with pytest.raises(
+        RuntimeError, match="value cannot be converted to type double without overflow"
+    ):
+        float(tb.tensor(1 + 2j))
+
+
 def test_squeeze_checks_each_dim_in_order():
     """Each dim is wrapped, then checked for repeats, in order, as PyTorch does: the first fault wins."""
     t = tb.tensor(1.0)

@@ -528,20 +528,24 @@ class Tensor:
         return builtins.bool(self.item())
 
     def __int__(self) -> int:
-        value = self._scalar("__int__")
+        return int(self._real_scalar("__int__", "int64_t"))
+
+    def __float__(self) -> float:
+        return builtins.float(self._real_scalar("__float__", "double"))
+
+    def _real_scalar(self, api: str, c_type: str) -> Any:
+        """The one element, its imaginary part dropped only when it is 0."""
+        value = self._scalar(api)
         if self._dtype.kind == "c":
             if value.imag != 0:
                 # PyTorch 2.13 refuses to drop an imaginary part here (c10::checked_convert).
                 msg = (
-                    f"__int__(): value cannot be converted to type int64_t without overflow; got "
+                    f"{api}(): value cannot be converted to type {c_type} without overflow; got "
                     f"{value!r}, whose imaginary part is not 0. Take .real first."
                 )
                 raise RuntimeError(msg)
             value = value.real
-        return int(value)
-
-    def __float__(self) -> float:
-        return builtins.float(self._scalar("__float__"))
+        return value
 
     def __complex__(self) -> complex:
         return complex(self._scalar("__complex__"))
