@@ -19,17 +19,20 @@ _EXT = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
 # Imports the package and every private module, then prints the build and each module's file.
 _REPORT = """
-import importlib, json, pkgutil, sys
+import importlib, json, os, pkgutil, sys
 import tensorbridge as tb
+from tensorbridge import _capi
 names = [m.name for m in pkgutil.iter_modules(tb.__path__) if m.name.startswith("_")]
 for name in names:
-    if name != "__main__":
+    # Modules that exist only compiled (_capi_c) have no .py file to fall back to.
+    if name != "__main__" and os.path.exists(os.path.join(tb.__path__[0], name + ".py")):
         importlib.import_module("tensorbridge." + name)
 info = tb.build_info()
 files = {n.rpartition(".")[2]: m.__file__ for n, m in sys.modules.items()
          if n.startswith("tensorbridge.") and getattr(m, "__file__", None)}
 print("RESULT " + json.dumps({"kind": info.kind, "modules": list(info.modules),
-                              "cython": info.cython, "reason": info.reason, "files": files}))
+                              "cython": info.cython, "reason": info.reason, "files": files,
+                              "direct_capi": _capi._direct is not None}))
 """
 
 
@@ -53,6 +56,7 @@ def test_build_info_names_exactly_the_loaded_extension_modules():
     assert report["kind"] == ("compiled" if compiled else "pure-python")
     assert (report["cython"] is not None) == bool(compiled)
     assert set(compiled) == set(_recorded())  # every module the build compiled is the one loaded
+    assert report["direct_capi"] == ("_capi_c" in compiled)  # compiled: the C-API calls are direct
 
 
 @pytest.mark.parametrize("value", ["1", "yes"])
@@ -63,6 +67,7 @@ def test_no_extensions_variable_runs_every_module_from_source(value):
     assert report["modules"] == []
     assert report["cython"] is None
     assert all(f.endswith((".py", ".pyc")) for f in report["files"].values()), report["files"]
+    assert not report["direct_capi"]  # the C-API calls go through ctypes
     if _recorded():
         assert report["reason"] == "TENSORBRIDGE_NO_EXTENSIONS is set"
 
