@@ -545,36 +545,28 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         )
         raise BufferError(msg)
     itemsize = dtype.itemsize
+    addressable = dev_type in ADDRESSABLE_TYPES
+    if addressable:
+        base, offset = data + byte_offset, 0
+    else:
+        # ``data`` may be an opaque handle: the storage starts at it, byte_offset in elements.
+        offset, rest = divmod(byte_offset, itemsize)
+        if rest:
+            raise _handle_offset(byte_offset, itemsize, device)
+        base = data
     try:
-        if dev_type in ADDRESSABLE_TYPES:
-            start, nbytes, offset = locate(
-                data + byte_offset,
-                None,
-                0,
-                shape,
-                strides,
-                itemsize,
-                "from_dlpack",
-                _refused,
-                sized=False,
-            )
-        else:
-            # ``data`` may be an opaque handle: the storage starts at it, byte_offset in elements.
-            offset, rest = divmod(byte_offset, itemsize)
-            if rest:
-                raise _handle_offset(byte_offset, itemsize, device)
-            start, nbytes, offset = locate(
-                data,
-                None,
-                offset,
-                shape,
-                strides,
-                itemsize,
-                "from_dlpack",
-                _refused,
-                sized=False,
-                anchored=True,
-            )
+        start, nbytes, offset = locate(
+            base,
+            None,
+            offset,
+            shape,
+            strides,
+            itemsize,
+            "from_dlpack",
+            _refused,
+            sized=False,
+            anchored=not addressable,
+        )
     except BufferError as refused:
         refusal = refused.args[0] if refused.args else None
         if not isinstance(refusal, Refusal):

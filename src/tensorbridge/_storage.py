@@ -188,29 +188,17 @@ def locate(
         low, high = offset, offset - 1
     else:
         low, high = span
+    kind = None
     if anchored:
-        if low < 0:
-            refusal = Refusal(
-                "outside",
-                api,
-                ptr,
-                nbytes,
-                offset,
-                shape,
-                strides,
-                itemsize,
-                math.prod(shape),
-                low,
-                high,
-                ptr,
-                ptr,
-            )
-            raise fail(refusal)
-        start, stop = ptr, ptr + (high + 1) * itemsize
+        if low < 0:  # refused before anything else is checked
+            kind, start, stop = "outside", ptr, ptr
+        else:
+            start, stop = ptr, ptr + (high + 1) * itemsize
     else:
         start, stop = ptr + low * itemsize, ptr + (high + 1) * itemsize
-    kind = None
-    if sized and math.prod(shape) * itemsize > sys.maxsize:
+    if kind is not None:
+        pass
+    elif sized and math.prod(shape) * itemsize > sys.maxsize:
         kind = "numel"
     elif not empty and ptr == 0:
         kind = "null"
