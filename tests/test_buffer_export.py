@@ -68,7 +68,7 @@ def _sample(dtype, shape=(2, 3)) -> Tensor:
 
 def _cuda_tensor() -> Tensor:
     storage = Storage(FAKE_CUDA_PTR, 16, Device("cuda", 0), False, None)
-    return Tensor._make(storage, 0, (4,), (1,), tb.float32)
+    return Tensor._new(storage, 0, (4,), (1,), tb.float32)
 
 
 # -------------------------------------------------------------------------------------------------

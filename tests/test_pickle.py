@@ -299,7 +299,7 @@ def test_in_band_protocol_5_keeps_the_stream_bytes():
 def test_non_host_tensor_refuses():
     """A tensor whose memory is not on the host cannot be pickled."""
     storage = Storage(0x7F00_0000_0000, 16, Device("cuda", 0), False, None)
-    t = Tensor._make(storage, 0, (4,), (1,), tb.float32)
+    t = Tensor._new(storage, 0, (4,), (1,), tb.float32)
     with pytest.raises(BufferError, match="cuda:0"):
         pickle.dumps(t)
 
@@ -375,7 +375,7 @@ def test_share_memory_keeps_readonly():
 def test_share_memory_refuses_device_memory():
     """Only CPU memory can be moved into shared memory."""
     storage = Storage(0x7F00_0000_0000, 16, Device("cuda", 0), False, None)
-    t = Tensor._make(storage, 0, (4,), (1,), tb.float32)
+    t = Tensor._new(storage, 0, (4,), (1,), tb.float32)
     with pytest.raises(BufferError, match="CPU"):
         t.share_memory_()
 

@@ -75,7 +75,7 @@ def test_host_view_of_device_memory_is_refused():
     storage = Storage(0x1000, 64, tb.device("cuda:0"), False, object())
     with pytest.raises(BufferError, match=r"tolist\(\): the tensor's memory is on cuda:0"):
         storage.host_view("tolist")
-    t = Tensor._make(storage, 0, (16,), (1,), tb.float32)
+    t = Tensor._new(storage, 0, (16,), (1,), tb.float32)
     assert t.device == tb.device("cuda:0") and t.shape == (16,) and t.data_ptr() == 0x1000
     with pytest.raises(BufferError, match="cannot be read or written on the host"):
         t.tolist()
@@ -185,7 +185,7 @@ def test_dlpack_storage_calls_the_deleter_exactly_once():
 
     storage = DLPackStorage(0, 0, CPU, False, False, 0xABC0)
     storage.deleter = deleter
-    views = [Tensor._make(storage, 0, (0,), (1,), tb.float32) for _ in range(3)]
+    views = [Tensor._new(storage, 0, (0,), (1,), tb.float32) for _ in range(3)]
     del storage
     gc.collect()
     assert calls == []

@@ -42,7 +42,7 @@ def readonly_tensor(values: list[Any], dtype: tb.dtype = tb.int32) -> Tensor:
     data = bytes(_codec.pack(dtype, values))
     owner, view = _storage.hold_buffer(data, _capi.PY_BUF_SIMPLE)
     storage = Storage(view.buf or 0, view.len, CPU, True, owner)
-    return Tensor._make(storage, 0, (len(values),), (1,), dtype)
+    return Tensor._new(storage, 0, (len(values),), (1,), dtype)
 
 
 def np_pair(np: Any, layout: S.Layout, dtype: tb.dtype = tb.int64) -> tuple[Any, Any, Any]:

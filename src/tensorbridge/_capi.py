@@ -25,6 +25,7 @@ __all__ = [
     "PyObject_GetBuffer",
     "Py_buffer",
     "VoidFunction",
+    "get_buffer",
     "keep_forever",
     "steal",
 ]
@@ -46,14 +47,13 @@ def _bind(name: str, restype: object, *argtypes: object) -> Any:
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, _api))  # type: ignore[arg-type]
 
 
-PyCapsule_New: Final = _bind("PyCapsule_New", _py, _vp, _cp, _vp)
 PyCapsule_IsValid: Final = _bind("PyCapsule_IsValid", _int, _py, _cp)
 PyCapsule_GetName: Final = _bind("PyCapsule_GetName", _vp, _py)
 
 
-# The calls on every import's path: direct in the compiled build (`_capi_c`, same signatures and
-# errors), through ctypes otherwise. ``VoidFunction(address)`` calls ``void f(void *)`` at an
-# address without the GIL (a DLPack deleter).
+# The calls on every import's and export's path: direct in the compiled build (`_capi_c`, same
+# signatures and errors), through ctypes otherwise. ``VoidFunction(address)`` calls
+# ``void f(void *)`` at an address without the GIL (a DLPack deleter).
 def _compiled() -> Any:
     """The compiled `_capi_c`, or None (the pure-Python build, or TENSORBRIDGE_NO_EXTENSIONS=1)."""
     try:
@@ -64,14 +64,17 @@ def _compiled() -> Any:
 
 
 _direct = _compiled()
+PyCapsule_New: Any
 PyCapsule_GetPointer: Any
 PyCapsule_SetName: Any
 VoidFunction: Any
 if _direct is not None:
+    PyCapsule_New = _direct.capsule_new
     PyCapsule_GetPointer = _direct.capsule_pointer
     PyCapsule_SetName = _direct.capsule_set_name
     VoidFunction = _direct.VoidFunction
 else:
+    PyCapsule_New = _bind("PyCapsule_New", _py, _vp, _cp, _vp)
     PyCapsule_GetPointer = _bind("PyCapsule_GetPointer", _vp, _py, _cp)
     PyCapsule_SetName = _bind("PyCapsule_SetName", _int, _py, _cp)
     VoidFunction = ctypes.CFUNCTYPE(None, _vp)
@@ -84,7 +87,12 @@ PyErr_GetRaisedException: Final = (
 
 
 class Py_buffer(ctypes.Structure):
-    """CPython's ``Py_buffer`` (Include/pybuffer.h), stable since 3.3."""
+    """CPython's ``Py_buffer`` (Include/pybuffer.h), stable since 3.3.
+
+    One that ``PyObject_GetBuffer`` filled is released exactly once: by ``PyBuffer_Release``
+    (which sets ``obj`` to NULL), or else when the struct dies (never while the interpreter is
+    finalising: the memory is then left to the OS). One filled by hand leaves ``obj`` NULL.
+    """
 
     _fields_ = (
         ("buf", _vp),
@@ -99,6 +107,13 @@ class Py_buffer(ctypes.Structure):
         ("suboffsets", ctypes.POINTER(_ssize)),
         ("internal", _vp),
     )
+
+    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
+        if _finalizing() or not self.obj:
+            return
+        # A global, not a default (it is bound below this class): module globals are cleared only
+        # while the interpreter is finalising, and then this returned above.
+        PyBuffer_Release(self)
 
 
 # Request flags (Include/pybuffer.h).
@@ -118,28 +133,17 @@ PyBUF_READ: Final = 0x100
 PyBUF_WRITE: Final = 0x200
 
 
-class _HeldBuffer(Py_buffer):
-    """A ``Py_buffer`` held open: ``PyObject_GetBuffer`` on creation, ``PyBuffer_Release`` exactly
-    once, when the object dies (never while the interpreter is finalising: the memory is then left
-    to the OS). The pure-Python `BufferView`; the compiled one holds the struct inline."""
-
-    def __init__(self, obj: object, flags: int) -> None:
-        super().__init__()
-        # If the request fails, ``obj`` stays NULL and __del__ releases nothing.
-        PyObject_GetBuffer(obj, self, flags)
-
-    def __del__(
-        self, _finalizing: Any = sys.is_finalizing, _release: Any = PyBuffer_Release
-    ) -> None:
-        # What it calls is bound as defaults: it may run while module globals are being cleared.
-        if _finalizing() or not self.obj:
-            return
-        _release(self)
-
-
-# ``BufferView(obj, flags)``: a held buffer whose fields read as `Py_buffer`'s (``view.shape[:n]``
-# works on both builds).
-BufferView: Any = _HeldBuffer if _direct is None else _direct.BufferView
+# A held buffer, in two calls on every buffer import's path: ``view = BufferView()``, then
+# ``get_buffer(obj, view, flags)`` (the exporter's error on failure, with nothing held). Its fields
+# read as `Py_buffer`'s (``view.shape[:n]`` works on both builds) and it releases itself when it
+# dies. The compiled `BufferView` holds the struct inline; here it is the ctypes struct itself,
+# whose own (C) initialiser keeps the pair to two C calls.
+BufferView: Any
+get_buffer: Any
+if _direct is None:
+    BufferView, get_buffer = Py_buffer, PyObject_GetBuffer
+else:
+    BufferView, get_buffer = _direct.BufferView, _direct.get_buffer
 
 
 # Used by asarray to recognise buffer exporters without acquiring (or failing to acquire) a buffer.

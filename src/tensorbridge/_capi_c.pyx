@@ -10,7 +10,12 @@ modules that make them. A ctypes call costs about 0.4 µs; these cost what a Pyt
 import sys
 
 from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_SetName
+from cpython.pycapsule cimport (
+    PyCapsule_Destructor,
+    PyCapsule_GetPointer,
+    PyCapsule_New,
+    PyCapsule_SetName,
+)
 from cpython.ref cimport PyObject
 from libc.stdint cimport uintptr_t
 
@@ -21,6 +26,14 @@ cdef inline const char* _name(object name) except? NULL:
     if name is None:
         return NULL
     return <bytes>name
+
+
+def capsule_new(uintptr_t pointer, object name, object destructor):
+    """``PyCapsule_New``: a capsule of ``pointer`` under ``name`` (which must outlive it), with the
+    destructor at the address ``destructor`` (an int, or None for none); `ValueError` for a NULL
+    pointer."""
+    cdef uintptr_t function = 0 if destructor is None else <uintptr_t>destructor
+    return PyCapsule_New(<void*>pointer, _name(name), <PyCapsule_Destructor><void*>function)
 
 
 def capsule_pointer(object capsule, object name):
@@ -62,8 +75,8 @@ cdef tuple _ssize_tuple(Py_ssize_t* values, int ndim):
 
 
 cdef class BufferView:
-    """A ``Py_buffer`` held open: ``PyObject_GetBuffer`` on creation, ``PyBuffer_Release`` exactly
-    once, when the object dies (never while the interpreter is finalising: the memory is then left
+    """A ``Py_buffer`` held open: filled by `get_buffer`, ``PyBuffer_Release`` exactly once, when
+    the object dies (never while the interpreter is finalising: the memory is then left
     to the OS). Its fields read as those of `_capi.Py_buffer` do: addresses as ints or None,
     ``format`` as bytes or None, ``shape``/``strides``/``suboffsets`` as tuples (or None for NULL).
     """
@@ -71,9 +84,8 @@ cdef class BufferView:
     cdef Py_buffer view
     cdef bint held
 
-    def __cinit__(self, object obj, int flags):
-        PyObject_GetBuffer(obj, &self.view, flags)  # raises the exporter's error; nothing held
-        self.held = True
+    def __cinit__(self):
+        self.held = False  # until `get_buffer` fills it
 
     def __dealloc__(self):
         if self.held and _is_finalizing is not None and not _is_finalizing():
@@ -120,3 +132,11 @@ cdef class BufferView:
     @property
     def suboffsets(self):
         return _ssize_tuple(self.view.suboffsets, self.view.ndim)
+
+
+def get_buffer(object obj, BufferView view not None, int flags):
+    """``PyObject_GetBuffer(obj, view, flags)``: raises the exporter's error, holding nothing."""
+    if view.held:
+        raise ValueError("get_buffer(): this BufferView already holds a buffer; make a new one.")
+    PyObject_GetBuffer(obj, &view.view, flags)
+    view.held = True

@@ -373,7 +373,8 @@ class BufferStorage(_SelfOwned):
 
     def __init__(self, obj: object, flags: int) -> None:
         # The view holds the one strong reference to the exporter until it is released.
-        view = self.view = _capi.BufferView(obj, flags)
+        view = self.view = _capi.BufferView()
+        _capi.get_buffer(obj, view, flags)
         Storage.__init__(self, view.buf or 0, view.len, CPU, view.readonly != 0, None)
 
     @property

@@ -77,26 +77,6 @@ class Tensor:
         raise TypeError(msg)
 
     @classmethod
-    def _make(
-        cls,
-        storage: Storage,
-        offset: int,
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        dtype: DType,
-        requires_grad: bool = False,
-    ) -> Tensor:
-        """Internal constructor, no validation: callers guarantee the layout lies inside the storage."""
-        self = object.__new__(cls)
-        self._storage = storage
-        self._offset = offset
-        self._shape = Size(shape)
-        self._strides = strides
-        self._dtype = dtype
-        self._requires_grad = requires_grad
-        return self
-
-    @classmethod
     def _new(
         cls,
         storage: Storage,
@@ -109,15 +89,13 @@ class Tensor:
         *,
         checked: bool = False,
     ) -> Tensor:
-        """The validating constructor, the one way other modules build tensors.
+        """The constructor: the one way any module, this one included, builds a tensor.
 
         The layout must lie inside the storage (`_storage.check_view`, with Python ints: nothing
-        wraps). Views a tensor derives from its own checked layout use `_make`, inside this module.
-
-        ``checked=True`` says the caller has already bounded the layout by the storage: the storage
-        was made by `_storage.locate` (or `_storage.wrap`) for exactly this layout, or (frombuffer)
-        the argument checks bound the one contiguous run. The imports pass it, so that the check
-        is not run twice on their hot path.
+        wraps). ``checked=True`` says the caller has already bounded the layout by the storage, so
+        the check is not run twice on a hot path: the storage was made by `_storage.locate` (or
+        `_storage.wrap`) for exactly this layout; frombuffer's argument checks bound its one
+        contiguous run; or the layout is a view this module derived from a checked one.
         """
         if shape.__class__ is not tuple:
             shape = tuple(shape)
@@ -125,7 +103,14 @@ class Tensor:
             strides = tuple(strides)
         if not checked:
             check_view(storage, offset, shape, strides, dtype.itemsize, api)
-        return cls._make(storage, offset, shape, strides, dtype, requires_grad)
+        self = object.__new__(cls)
+        self._storage = storage
+        self._offset = offset
+        self._shape = Size(shape)
+        self._strides = strides
+        self._dtype = dtype
+        self._requires_grad = requires_grad
+        return self
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -235,12 +220,22 @@ class Tensor:
 
     def detach(self) -> Tensor:
         """A view of the same memory that does not require gradients."""
-        return Tensor._make(self._storage, self._offset, self._shape, self._strides, self._dtype)
+        return Tensor._new(
+            self._storage, self._offset, self._shape, self._strides, self._dtype, checked=True
+        )
 
     # ------------------------------------------------------------------ views
     def _view(self, offset: int, shape: Sequence[int], strides: Sequence[int]) -> Tensor:
-        return Tensor._make(
-            self._storage, offset, tuple(shape), tuple(strides), self._dtype, self._requires_grad
+        """A view derived from this tensor's checked layout (the caller keeps it inside)."""
+        return Tensor._new(
+            self._storage,
+            offset,
+            shape,
+            strides,
+            self._dtype,
+            "view",
+            self._requires_grad,
+            checked=True,
         )
 
     def view(self, *shape: Any) -> Tensor:
@@ -268,7 +263,9 @@ class Tensor:
                 f"({self._dtype.itemsize} != {dtype.itemsize}); got {dtype!r}."
             )
             raise RuntimeError(msg)
-        return Tensor._make(self._storage, self._offset, self._shape, self._strides, dtype)
+        return Tensor._new(
+            self._storage, self._offset, self._shape, self._strides, dtype, checked=True
+        )
 
     def reshape(self, *shape: Any) -> Tensor:
         """A view with the new shape when possible, else a contiguous copy."""
@@ -991,7 +988,7 @@ def _expand_source(src: Tensor, shape: Sequence[int], api: str) -> Tensor:
         lead += 1
     src_shape, src_strides = src._shape[lead:], src._strides[lead:]
     strides = _layout.expand_strides(src_shape, src_strides, shape, api)
-    return Tensor._make(src._storage, src._offset, tuple(shape), strides, src._dtype)
+    return Tensor._new(src._storage, src._offset, shape, strides, src._dtype, checked=True)
 
 
 def _check_copy_shapes(dst: Sequence[int], src: Sequence[int]) -> None:
@@ -1051,9 +1048,8 @@ def _from_bytes(
     storage = allocate(len(data), device if device.is_host_accessible else CPU)
     if data:
         storage.host_view("clone")[:] = data
-    return Tensor._make(
-        storage, 0, tuple(shape), _layout.contiguous_strides(shape), dtype, requires_grad
-    )
+    strides = _layout.contiguous_strides(shape)
+    return Tensor._new(storage, 0, shape, strides, dtype, requires_grad=requires_grad, checked=True)
 
 
 def _as_source(value: Any, dtype: DType, api: str) -> Tensor:
