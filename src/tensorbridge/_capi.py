@@ -47,7 +47,6 @@ def _bind(name: str, restype: object, *argtypes: object) -> Any:
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, _api))  # type: ignore[arg-type]
 
 
-PyCapsule_IsValid: Final = _bind("PyCapsule_IsValid", _int, _py, _cp)
 PyCapsule_GetName: Final = _bind("PyCapsule_GetName", _vp, _py)
 
 
@@ -65,16 +64,19 @@ def _compiled() -> Any:
 
 _direct = _compiled()
 PyCapsule_New: Any
+PyCapsule_IsValid: Any
 PyCapsule_GetPointer: Any
 PyCapsule_SetName: Any
 VoidFunction: Any
 if _direct is not None:
     PyCapsule_New = _direct.capsule_new
+    PyCapsule_IsValid = _direct.capsule_is_valid
     PyCapsule_GetPointer = _direct.capsule_pointer
     PyCapsule_SetName = _direct.capsule_set_name
     VoidFunction = _direct.VoidFunction
 else:
     PyCapsule_New = _bind("PyCapsule_New", _py, _vp, _cp, _vp)
+    PyCapsule_IsValid = _bind("PyCapsule_IsValid", _int, _py, _cp)
     PyCapsule_GetPointer = _bind("PyCapsule_GetPointer", _vp, _py, _cp)
     PyCapsule_SetName = _bind("PyCapsule_SetName", _int, _py, _cp)
     VoidFunction = ctypes.CFUNCTYPE(None, _vp)

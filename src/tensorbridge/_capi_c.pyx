@@ -13,6 +13,7 @@ from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
 from cpython.pycapsule cimport (
     PyCapsule_Destructor,
     PyCapsule_GetPointer,
+    PyCapsule_IsValid,
     PyCapsule_New,
     PyCapsule_SetName,
 )
@@ -41,6 +42,11 @@ def capsule_pointer(object capsule, object name):
     NULL, which a valid capsule never holds)."""
     cdef void* pointer = PyCapsule_GetPointer(capsule, _name(name))
     return None if pointer == NULL else <uintptr_t>pointer
+
+
+def capsule_is_valid(object capsule, object name):
+    """``PyCapsule_IsValid``: 1 for a capsule under ``name`` (bytes, or None) with a pointer, else 0."""
+    return PyCapsule_IsValid(capsule, _name(name))
 
 
 def capsule_set_name(object capsule, object name):
