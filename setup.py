@@ -41,34 +41,17 @@ DISABLE_VARIABLE = "TENSORBRIDGE_NO_EXTENSIONS"
 #   __init__        routes imports to the .py files when TENSORBRIDGE_NO_EXTENSIONS is set at
 #                   import time, so it runs before any compiled module loads;
 #   __main__        runs once: nothing to gain;
-#   _build          imported by __init__ before that routing; it reports on the others;
-#   _dlpack         compiled, a refused producer's capsule is freed while the refusal propagates
-#                   (compiled frames keep no locals alive in the traceback): a capsule destructor
-#                   written in Python (ctypes) then runs with the exception set, and the caller
-#                   gets "SystemError: error return without exception set" instead of the
-#                   BufferError;
-#   _dlpack_export  the soak suite counts deleter calls by rebinding the deleter's default
-#                   arguments, which a compiled function ignores;
-#   _indexing       its `warn` walks the caller frames to attribute PyTorch's uint8-mask warning
-#                   to the user's line; compiled functions have no frames, so it must stay Python;
-#   _tensor         compiled, the 0-d `T`/`mT` deprecation warning (a fixed stacklevel=3) is
-#                   attributed to the wrong line: compiled functions have no frames;
-#   _peers          compiled, `import ml_dtypes` returns None where sys.modules blocks it with
-#                   None (the source raises ImportError and gives its install hint).
+#   _build          imported by __init__ before that routing; it reports on the others.
 # cli/, utils/, testing.py and safetensors.py stay pure Python (not on any per-call path).
 NOT_COMPILED = {
     "__init__",
     "__main__",
     "_build",
-    "_dlpack",
-    "_dlpack_export",
-    "_indexing",
-    "_peers",
-    "_tensor",
 }
 COMPILED = sorted(p.stem for p in SOURCE.glob("_*.py") if p.stem not in NOT_COMPILED)
 # Modules that exist only compiled: `_capi_c` makes `_capi`'s C-API calls directly (the capsule
-# calls, the DLPack deleter call, a held Py_buffer); `_capi` falls back to ctypes without it.
+# calls, the DLPack deleter call, a held Py_buffer, a capsule destructor that keeps a pending
+# exception); `_capi` falls back to ctypes without it.
 C_API_MODULES = sorted(p.stem for p in SOURCE.glob("_*.pyx"))
 
 # Cython directives for every compiled module (the one place they are set):

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Final
 
 __all__ = [
+    "GUARDED_DESTRUCTOR",
     "PY_BUF_FULL_RO",
     "PY_BUF_ND",
     "PY_BUF_WRITABLE",
@@ -80,6 +81,11 @@ else:
     PyCapsule_GetPointer = _bind("PyCapsule_GetPointer", _vp, _py, _cp)
     PyCapsule_SetName = _bind("PyCapsule_SetName", _int, _py, _cp)
     VoidFunction = ctypes.CFUNCTYPE(None, _vp)
+# A capsule destructor in C that runs the capsule's context (a Python callable) on the capsule's
+# address with any pending exception kept aside, so that the caller gets its own exception back:
+# compiled only. A destructor written in Python (ctypes) cannot do that: Python code cannot run
+# with an exception set, nor return with one set again.
+GUARDED_DESTRUCTOR: Final = None if _direct is None else _direct.guarded_destructor_address()
 PyCapsule_SetDestructor: Final = _bind("PyCapsule_SetDestructor", _int, _py, _vp)
 PyErr_Clear: Final = _bind("PyErr_Clear", None)
 # PyObject *PyErr_GetRaisedException(void) (3.12+): takes the pending exception out; NULL if none.

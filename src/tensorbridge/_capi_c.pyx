@@ -146,3 +146,45 @@ def get_buffer(object obj, BufferView view not None, int flags):
         raise ValueError("get_buffer(): this BufferView already holds a buffer; make a new one.")
     PyObject_GetBuffer(obj, &view.view, flags)
     view.held = True
+
+
+cdef extern from "Python.h":
+    void* _capsule_context "PyCapsule_GetContext" (PyObject* capsule)
+    void _err_fetch "PyErr_Fetch" (PyObject** kind, PyObject** value, PyObject** traceback)
+    void _err_restore "PyErr_Restore" (PyObject* kind, PyObject* value, PyObject* traceback)
+    void _write_unraisable "PyErr_WriteUnraisable" (PyObject* where)
+    PyObject* _int_from_pointer "PyLong_FromVoidPtr" (void* pointer)
+    PyObject* _call_one "PyObject_CallOneArg" (PyObject* function, PyObject* argument)
+    void _decref "Py_DecRef" (PyObject* obj)
+
+
+cdef void _guarded_destructor(PyObject* capsule) noexcept:
+    # A capsule may be freed while an exception propagates (a consumer refusing it). Python code
+    # cannot run with that exception set, nor set it again when it returns, so this C destructor
+    # takes it out, calls the Python callable stored as the capsule's context with the capsule's
+    # address (as a ctypes destructor receives it), and puts it back: the caller gets its own
+    # exception. The callable's own failure is reported as unraisable, as ctypes does.
+    cdef PyObject* kind
+    cdef PyObject* value
+    cdef PyObject* traceback
+    cdef PyObject* address
+    cdef PyObject* result
+    _err_fetch(&kind, &value, &traceback)
+    cdef PyObject* function = <PyObject*>_capsule_context(capsule)
+    if function != NULL:  # NULL: no callable was set (PyCapsule_GetContext sets no error then)
+        address = _int_from_pointer(capsule)
+        result = NULL if address == NULL else _call_one(function, address)
+        if address != NULL:
+            _decref(address)
+        if result == NULL:
+            _write_unraisable(function)
+        else:
+            _decref(result)
+    _err_restore(kind, value, traceback)
+
+
+def guarded_destructor_address():
+    """The address of a capsule destructor (``void (*)(PyObject *)``) that calls the capsule's
+    context, a Python callable the caller keeps alive, with the capsule's address, keeping any
+    exception that is set when the capsule is freed."""
+    return <uintptr_t>&_guarded_destructor

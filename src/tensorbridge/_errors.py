@@ -6,9 +6,13 @@ Every exception a caller can see is either a built-in one or a class defined her
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+from types import FrameType
 from typing import Final
 
-__all__ = ["NotDLPackError", "short_repr"]
+__all__ = ["NotDLPackError", "short_repr", "warn_user"]
 
 
 class NotDLPackError(TypeError, AttributeError):
@@ -49,3 +53,42 @@ def short_repr(value: object, limit: int = _REPR_LIMIT) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text
+
+
+# Frames whose code lies under this directory are tensorbridge's own (subpackages included).
+_PACKAGE_PREFIX: Final = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn with ``message``, attributed to the first calling frame outside tensorbridge.
+
+    PyTorch attributes its warnings to the user's line; a fixed ``stacklevel`` cannot, because the
+    number of tensorbridge frames above the user's code depends on the call path and on the build
+    (compiled functions have no frames at all). So the interpreter's real frames are walked past
+    every one whose file lies in the package, and the warning is issued as ``warnings.warn`` would
+    for that frame: its file, line, module name and ``__warningregistry__``, so filters, "once"
+    and "default" actions behave as for any warning.
+    """
+    frame: FrameType | None = sys._getframe()
+    while frame is not None and _in_package(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:  # only tensorbridge frames (a thread started by tensorbridge): no user line
+        warnings.warn(message, category, stacklevel=1)
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module_globals.get("__name__", "<string>"),
+        module_globals.setdefault("__warningregistry__", {}),
+        module_globals,
+    )
+
+
+def _in_package(filename: str) -> bool:
+    """True for a code file of tensorbridge (not a pseudo-file such as ``<string>``)."""
+    if filename.startswith("<"):
+        return False
+    return os.path.abspath(filename).startswith(_PACKAGE_PREFIX)

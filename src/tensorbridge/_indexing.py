@@ -14,9 +14,6 @@ deprecation warning.
 from __future__ import annotations
 
 import operator
-import os
-import sys
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, SupportsIndex
@@ -29,7 +26,6 @@ __all__ = [
     "IndexArray",
     "check_bounds",
     "parse_index",
-    "warn",
 ]
 
 # PyTorch 2.13's words (aten/src/ATen/native/IndexingUtils.h), kept verbatim so that warning
@@ -38,7 +34,6 @@ UINT8_INDEX_WARNING = (
     "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
 )
 INDEX_DTYPES = frozenset({"int64", "int32", "uint8", "bool"})
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 # What `parse_index` asks of its caller for index arrays (see there).
@@ -70,16 +65,6 @@ class BasicView:
     strides: tuple[int, ...]
     advanced: tuple[Advanced, ...]
     single_mask: bool = False
-
-
-def warn(message: str) -> None:
-    """Warn with ``message`` (UserWarning, as PyTorch), attributed to the caller's own code."""
-    frame = sys._getframe(1)
-    level = 2  # stacklevel 1 is this function, 2 its caller
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _PACKAGE_DIR:
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 def _normalize(key: Any, api: str, index_array: IndexArray) -> list[Any]:

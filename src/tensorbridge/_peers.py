@@ -75,7 +75,9 @@ def to_numpy(t: Tensor, *, force: bool = False, api: str = "numpy") -> Any:
         )
         raise TypeError(msg)
     try:
-        import ml_dtypes
+        # Not an import statement: compiled, that returns the None with which sys.modules blocks
+        # a module, where the import system raises ImportError (as it does for the source).
+        ml_dtypes = importlib.import_module("ml_dtypes")
     except ImportError:
         msg = (
             f"{api}(): NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes) to "

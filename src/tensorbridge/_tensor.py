@@ -12,7 +12,6 @@ import builtins
 import itertools
 import math
 import pickle
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -33,7 +32,8 @@ from . import (
 from ._args import GRAD_MSG, GRAD_MSG_METHOD
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
-from ._indexing import INDEX_DTYPES, UINT8_INDEX_WARNING, Advanced, parse_index, warn
+from ._errors import warn_user
+from ._indexing import INDEX_DTYPES, UINT8_INDEX_WARNING, Advanced, parse_index
 from ._indexing import check_bounds as check_index_bounds
 from ._layout import Size
 from ._storage import Storage, allocate, check_view
@@ -927,7 +927,7 @@ class Tensor:
 # ---------------------------------------------------------------------- helpers
 def _warn_zero_d(name: str, hint: str) -> None:
     """PyTorch 2.13's deprecation warning for ``T``/``mT`` of a 0-d tensor (UserWarning, its words)."""
-    warnings.warn(f"Tensor.{name} is deprecated on 0-D tensors. {hint}", UserWarning, stacklevel=3)
+    warn_user(f"Tensor.{name} is deprecated on 0-D tensors. {hint}")
 
 
 def _layout_args(args: Sequence[Any], api: str) -> tuple[int, ...]:
@@ -1078,7 +1078,7 @@ def _index_values(item: Any, api: str) -> tuple[list[Any], tuple[int, ...], str]
         flat = item.reshape(-1).tolist()
         if dtype.name == "uint8":
             if item.ndim:  # a 0-d uint8 tensor is a bool, without the warning, as in PyTorch
-                warn(UINT8_INDEX_WARNING)
+                warn_user(UINT8_INDEX_WARNING)
             return [v != 0 for v in flat], tuple(item.shape), "b"
         return flat, tuple(item.shape), "b" if dtype.kind == "b" else "i"
     if isinstance(item, list):

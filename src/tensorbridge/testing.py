@@ -74,6 +74,7 @@ _capsule_new = ctypes.PYFUNCTYPE(_py, _vp, _cp, _vp)(("PyCapsule_New", _api))
 _name_of = ctypes.PYFUNCTYPE(_vp, _py)(("PyCapsule_GetName", _api))
 _pointer_of = ctypes.PYFUNCTYPE(_vp, _py, _cp)(("PyCapsule_GetPointer", _api))
 _set_name = ctypes.PYFUNCTYPE(ctypes.c_int, _py, _cp)(("PyCapsule_SetName", _api))
+_set_context = ctypes.PYFUNCTYPE(ctypes.c_int, _py, _vp)(("PyCapsule_SetContext", _api))
 _name_of_raw = ctypes.PYFUNCTYPE(_vp, _vp)(("PyCapsule_GetName", _api))
 _pointer_of_raw = ctypes.PYFUNCTYPE(_vp, _vp, _vp)(("PyCapsule_GetPointer", _api))
 _Deleter = ctypes.CFUNCTYPE(None, _vp)  # void (*deleter)(DLManagedTensor[Versioned] *)
@@ -332,6 +333,8 @@ class CraftedDLPack:
         self.capsule: Any = _capsule_new(
             self.address, self.name, _DESTRUCTOR_ADDRESS if destructor else None
         )
+        if destructor and _capi.GUARDED_DESTRUCTOR:
+            _set_context(self.capsule, id(_destroy))  # what the guarded destructor runs
 
     @property
     def consumed(self) -> bool:
@@ -389,8 +392,7 @@ def _release(address: int) -> None:
         _Deleter(record.managed.deleter)(address)
 
 
-@_CapsuleDestructor
-def _destructor(
+def _destroy(
     capsule: int | None,
     _finalizing: Any = sys.is_finalizing,
     _string_at: Any = ctypes.string_at,
@@ -404,14 +406,22 @@ def _destructor(
         _release(_pointer_of_raw(capsule, name) or 0)
 
 
+# A consumer may free a capsule it refuses while its exception propagates, as C consumers (and
+# compiled tensorbridge) do. Like NumPy's, the destructor must then keep that exception: where
+# tensorbridge is compiled, a C destructor does so around `_destroy` (the capsule's context);
+# otherwise the ctypes callback runs `_destroy` directly, which cannot (a refusal freed that way
+# reaches the caller as a SystemError).
+_destructor = _CapsuleDestructor(_destroy)
+
 _DELETER_ADDRESS: Final = ctypes.cast(_deleter, _vp).value
-_DESTRUCTOR_ADDRESS: Final = ctypes.cast(_destructor, _vp).value
+_DESTRUCTOR_ADDRESS: Final = _capi.GUARDED_DESTRUCTOR or ctypes.cast(_destructor, _vp).value
 
 # Capsules and managed structs that outlive this module (held by a consumer, or garbage collected
 # after the module's globals are cleared at exit) still point at these two callbacks: one reference
 # that is never dropped keeps their code alive until the process ends.
 _capi.keep_forever(_deleter)
 _capi.keep_forever(_destructor)
+_capi.keep_forever(_destroy)
 
 
 def stats() -> dict[str, int]:

@@ -11,19 +11,19 @@ nor pytest outside `isolated`: child interpreters import this module by name.
 
 from __future__ import annotations
 
+import ctypes
 import functools
-import gc
 import itertools
 import os
 import pickle
 import signal
 import traceback
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from tensorbridge import _dlpack_export, _exports
+from tensorbridge import _capi, _dlpack_export, _exports
+from tensorbridge._dlpack_abi import DLPackDeleter
 
 __all__ = ["ExportCounter", "isolated"]
 
@@ -32,11 +32,13 @@ class ExportCounter:
     """Counts tensorbridge's capsule exports and releases from now on, on whatever thread they
     happen.
 
-    Exports: ``_dlpack_export._new_capsule`` is wrapped. Releases: the capsule deleter is a ctypes callback
-    that consumers call through a C function pointer, so it cannot be replaced; it binds
-    ``_exports.forget_managed`` as its ``_forget`` default, which is wrapped there (``deleter``);
-    the reaper calls the module's ``forget_managed``, wrapped too (``releases`` counts both). ``itertools.count`` makes each
-    count one atomic C call.
+    Exports: ``_dlpack_export._new_capsule`` is wrapped. Releases: the reaper calls the module's
+    ``_exports.forget_managed``, which is wrapped; the deleter that consumers call through the
+    managed struct's C function pointer binds the unwrapped one, so exports made from now on get a
+    counting trampoline as their ``deleter`` (``_dlpack_export._DELETER_ADDRESS`` is swapped)
+    that counts the call (``deleter``, and ``releases``) and forwards it to the deleter that was
+    set before. Nothing inside the module is rebound, so this counts the same whether
+    ``_dlpack_export`` is compiled or not. ``itertools.count`` makes each count one atomic C call.
     """
 
     def __init__(self) -> None:
@@ -46,13 +48,8 @@ class ExportCounter:
             itertools.count(),
         )
         new_capsule, release = _dlpack_export._new_capsule, _exports.forget_managed
-        deleter = next(
-            r
-            for r in gc.get_referents(_dlpack_export._deleter)
-            if isinstance(r, types.FunctionType)
-        )
-        position = deleter.__code__.co_varnames.index("_forget") - deleter.__code__.co_argcount
         exports, releases, deleter_calls = self._exports, self._releases, self._deleter
+        forward = DLPackDeleter(_dlpack_export._DELETER_ADDRESS)
 
         def counted_export(*args: Any) -> Any:
             next(exports)
@@ -62,14 +59,16 @@ class ExportCounter:
             next(releases)
             return release(address, *args)
 
-        def counted_deleter_release(address: int, *args: Any) -> object:
+        @DLPackDeleter
+        def counted_deleter(address: int | None) -> None:
             next(deleter_calls)
-            return counted_release(address, *args)
+            next(releases)
+            forward(address)
 
-        defaults = list(deleter.__defaults__ or ())
-        defaults[position] = counted_deleter_release
-        deleter.__defaults__ = tuple(defaults)
+        # Consumers may call the trampoline after this counter is gone, up to interpreter exit.
+        _capi.keep_forever(counted_deleter)
         _dlpack_export._new_capsule, _exports.forget_managed = counted_export, counted_release
+        _dlpack_export._DELETER_ADDRESS = ctypes.cast(counted_deleter, ctypes.c_void_p).value
 
     @staticmethod
     def _value(counter: itertools.count[int]) -> int:

@@ -39,5 +39,12 @@ def raised_in_tensorbridge(exc: BaseException) -> bool:
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return False
-    filename = str(Path(frames[-1].filename).resolve())
+    path = Path(frames[-1].filename)
+    if not path.is_absolute() and "tensorbridge" in path.parts:
+        # A compiled module's frames name its source as the build saw it
+        # ("src/tensorbridge/_dlpack_export.py"): the file of that name in the package.
+        parts = path.parts
+        last = len(parts) - 1 - parts[::-1].index("tensorbridge")
+        path = Path(PACKAGE_DIR, *parts[last + 1 :])
+    filename = str(path.resolve())
     return filename.startswith(PACKAGE_DIR) and not filename.startswith(_OWN)
