@@ -1120,6 +1120,62 @@ def test_abandoned_capsule_is_reaped_by_gc():
     assert alive() is None
 
 
+# In the compiled build a capsule's C destructor releases an untaken export at once; the
+# pure-Python build's capsules have no destructor and the registry watches them.
+_watched = pytest.mark.skipif(
+    _dlpack_export._CAPSULE_DESTRUCTOR is not None,
+    reason="compiled build: capsules release themselves and are not watched",
+)
+_self_releasing = pytest.mark.skipif(
+    _dlpack_export._CAPSULE_DESTRUCTOR is None,
+    reason="pure-Python build: capsules have no destructor; the registry watches them",
+)
+
+
+@_self_releasing
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_abandoned_capsule_releases_its_export_when_it_dies(max_version):
+    """Compiled: a capsule nobody consumed frees its export the moment it dies, no collection."""
+    gc.disable()
+    try:
+        t = tb.arange(8)
+        alive = weakref.ref(t)
+        cap = t.__dlpack__(max_version=max_version)
+        address = _get_pointer(cap, b"dltensor_versioned" if max_version else b"dltensor")
+        del t
+        assert alive() is not None and address in _exports._MANAGED
+        assert address not in _exports._PENDING  # held, not watched
+        del cap
+        assert alive() is None and address not in _exports._MANAGED
+    finally:
+        gc.enable()
+
+
+@_self_releasing
+def test_consumed_capsule_dying_leaves_the_export_to_its_consumer():
+    """Compiled: the destructor of a renamed (consumed) capsule releases nothing."""
+    t = tb.arange(8)
+    cap = t.__dlpack__(max_version=(1, 0))
+    view = tb.from_dlpack(cap)
+    del cap, t
+    gc.collect()
+    assert view.tolist() == list(range(8))
+
+
+def test_capsule_dropped_during_a_refusal_keeps_the_refusal():
+    """A C consumer that refuses a capsule and frees it with its error set keeps that error."""
+    t = tb.arange(4)
+    alive = weakref.ref(t)
+    fresh = (t.__dlpack__(max_version=(1, 0)) for _ in range(3))
+    # map() frees each capsule right after int() refused it, with int()'s TypeError pending.
+    with pytest.raises(TypeError, match="PyCapsule"):
+        list(map(int, fresh))
+    del t, fresh
+    gc.collect()
+    assert alive() is None
+
+
+@_watched
 def test_abandoned_capsules_are_reaped_by_exports():
     """Without any garbage collection, exports reap abandoned capsules once a few are pending."""
     gc.collect()
@@ -1137,6 +1193,7 @@ def test_abandoned_capsules_are_reaped_by_exports():
         gc.enable()
 
 
+@_watched
 def test_capsules_kept_by_the_caller_are_not_rescanned():
     """Capsules a caller keeps stay pending; the reaping bar rises so exports stay O(1)."""
     gc.collect()

@@ -171,19 +171,24 @@ def test_memoryview_exports_never_fail_when_a_collection_runs_inside() -> None:
 
 def test_a_reap_under_way_is_not_waited_for() -> None:
     """A reap that finds another under way returns at once and leaves the work to it."""
-    t = tb.arange(4)
-    alive = weakref.ref(t)
-    t.__dlpack__()  # abandoned
-    del t
-    acquired = _exports._LOCK.acquire()
+    gc.disable()
     try:
-        assert acquired
-        _exports.reap()  # must not block, must not settle
-        assert alive() is not None
+        _exports.reap()
+        before = set(_exports._PENDING)
+        tb.arange(4).__arrow_c_array__()  # both capsules abandoned: watched in every build
+        abandoned = set(_exports._PENDING) - before
+        assert len(abandoned) == 2
+        acquired = _exports._LOCK.acquire()
+        try:
+            assert acquired
+            _exports.reap()  # must not block, must not settle
+            assert abandoned <= set(_exports._PENDING)
+        finally:
+            _exports._LOCK.release()
+        _exports.reap()
+        assert not abandoned & set(_exports._PENDING)
     finally:
-        _exports._LOCK.release()
-    _exports.reap()
-    assert alive() is None
+        gc.enable()
 
 
 def _resizable(buffer: bytearray) -> bool:

@@ -26,6 +26,7 @@ __all__ = [
     "PyObject_GetBuffer",
     "Py_buffer",
     "VoidFunction",
+    "dlpack_capsule_destructor",
     "get_buffer",
     "keep_forever",
     "steal",
@@ -86,6 +87,19 @@ else:
 # compiled only. A destructor written in Python (ctypes) cannot do that: Python code cannot run
 # with an exception set, nor return with one set again.
 GUARDED_DESTRUCTOR: Final = None if _direct is None else _direct.guarded_destructor_address()
+
+
+def dlpack_capsule_destructor(release: Any) -> int | None:
+    """The address of a C destructor for tensorbridge's DLPack capsules, or None without one.
+
+    Freeing a capsule no consumer took (still named ``dltensor``/``dltensor_versioned``), it calls
+    ``release(address of the managed tensor)``, with any pending exception kept aside; nothing
+    while the interpreter finalises. Compiled only: without it the capsules carry no destructor and
+    `_exports` watches them instead.
+    """
+    return None if _direct is None else _direct.dlpack_capsule_destructor(release)
+
+
 PyCapsule_SetDestructor: Final = _bind("PyCapsule_SetDestructor", _int, _py, _vp)
 PyErr_Clear: Final = _bind("PyErr_Clear", None)
 # PyObject *PyErr_GetRaisedException(void) (3.12+): takes the pending exception out; NULL if none.

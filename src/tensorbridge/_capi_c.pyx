@@ -150,6 +150,8 @@ def get_buffer(object obj, BufferView view not None, int flags):
 
 cdef extern from "Python.h":
     void* _capsule_context "PyCapsule_GetContext" (PyObject* capsule)
+    int _capsule_is_valid "PyCapsule_IsValid" (PyObject* capsule, const char* name)
+    void* _capsule_pointer_of "PyCapsule_GetPointer" (PyObject* capsule, const char* name)
     void _err_fetch "PyErr_Fetch" (PyObject** kind, PyObject** value, PyObject** traceback)
     void _err_restore "PyErr_Restore" (PyObject* kind, PyObject* value, PyObject* traceback)
     void _write_unraisable "PyErr_WriteUnraisable" (PyObject* where)
@@ -158,29 +160,50 @@ cdef extern from "Python.h":
     void _decref "Py_DecRef" (PyObject* obj)
 
 
-cdef void _guarded_destructor(PyObject* capsule) noexcept:
-    # A capsule may be freed while an exception propagates (a consumer refusing it). Python code
-    # cannot run with that exception set, nor set it again when it returns, so this C destructor
-    # takes it out, calls the Python callable stored as the capsule's context with the capsule's
-    # address (as a ctypes destructor receives it), and puts it back: the caller gets its own
-    # exception. The callable's own failure is reported as unraisable, as ctypes does.
+cdef extern from *:
+    """
+    static int tensorbridge_finalizing(void) {
+    #if PY_VERSION_HEX >= 0x030D0000
+        return Py_IsFinalizing();
+    #else
+        return _Py_IsFinalizing();
+    #endif
+    }
+    """
+    int _finalizing "tensorbridge_finalizing" ()
+
+
+# Both destructors below run while a capsule is freed, which may happen while an exception
+# propagates (a consumer refusing the capsule). Python code cannot run with that exception set,
+# nor set it again when it returns, so they take it out, call Python, and put it back: the caller
+# gets its own exception. The callable's own failure is reported as unraisable, as ctypes does.
+# They take the capsule as a borrowed PyObject*: it is being freed, so no reference may be made.
+
+
+cdef void _call_keeping_error(PyObject* function, void* pointer) noexcept:
+    """``function(pointer as an int)``, with any pending exception kept as it was."""
     cdef PyObject* kind
     cdef PyObject* value
     cdef PyObject* traceback
-    cdef PyObject* address
     cdef PyObject* result
     _err_fetch(&kind, &value, &traceback)
-    cdef PyObject* function = <PyObject*>_capsule_context(capsule)
-    if function != NULL:  # NULL: no callable was set (PyCapsule_GetContext sets no error then)
-        address = _int_from_pointer(capsule)
-        result = NULL if address == NULL else _call_one(function, address)
-        if address != NULL:
-            _decref(address)
-        if result == NULL:
-            _write_unraisable(function)
-        else:
-            _decref(result)
+    cdef PyObject* address = _int_from_pointer(pointer)
+    result = NULL if address == NULL else _call_one(function, address)
+    if address != NULL:
+        _decref(address)
+    if result == NULL:
+        _write_unraisable(function)
+    else:
+        _decref(result)
     _err_restore(kind, value, traceback)
+
+
+cdef void _guarded_destructor(PyObject* capsule) noexcept:
+    # Calls the Python callable stored as the capsule's context with the capsule's address, as a
+    # ctypes destructor receives it. PyCapsule_GetContext sets no error for a valid capsule.
+    cdef PyObject* function = <PyObject*>_capsule_context(capsule)
+    if function != NULL:  # NULL: no callable was set
+        _call_keeping_error(function, <void*>capsule)
 
 
 def guarded_destructor_address():
@@ -188,3 +211,31 @@ def guarded_destructor_address():
     context, a Python callable the caller keeps alive, with the capsule's address, keeping any
     exception that is set when the capsule is freed."""
     return <uintptr_t>&_guarded_destructor
+
+
+cdef object _dlpack_release = None  # set once, by `dlpack_capsule_destructor`
+
+
+cdef void _release_unconsumed_dlpack(PyObject* capsule) noexcept:
+    # A capsule still under its own name was never consumed: its export is released as the
+    # deleter would release it (DLPack: the producer's capsule destructor calls the deleter of an
+    # unconsumed capsule). A renamed one ("used_*") belongs to its consumer, which calls the
+    # deleter when it is done. While the interpreter finalises, nothing runs (leak, never crash).
+    cdef void* managed = NULL
+    if _dlpack_release is None or _finalizing():
+        return
+    if _capsule_is_valid(capsule, b"dltensor_versioned"):
+        managed = _capsule_pointer_of(capsule, b"dltensor_versioned")
+    elif _capsule_is_valid(capsule, b"dltensor"):
+        managed = _capsule_pointer_of(capsule, b"dltensor")
+    if managed != NULL:
+        _call_keeping_error(<PyObject*>_dlpack_release, managed)
+
+
+def dlpack_capsule_destructor(object release):
+    """The address of the destructor of tensorbridge's DLPack capsules: for a capsule no consumer
+    took, it calls ``release(address of the managed tensor)``, keeping any pending exception.
+    ``release`` is held for the life of the process (one per process: a later call replaces it)."""
+    global _dlpack_release
+    _dlpack_release = release
+    return <uintptr_t>&_release_unconsumed_dlpack

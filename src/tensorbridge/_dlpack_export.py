@@ -5,15 +5,22 @@ never builds one (a copy it needs comes from the tensor's own methods).
 
 Export writes one ctypes block holding the managed struct, the shape and the strides, wraps it in a
 capsule, and keeps the block and the exported tensor in the export registry (`_exports`) until the
-consumer calls our deleter. The capsule has **no destructor**: a destructor written in Python would
-run while a rejecting consumer's exception is pending and turn it into ``SystemError``. The
-registry is *reaped* instead: by exports and garbage collections once a few capsules are pending,
-by every full collection, and at exit. A capsule renamed ``used_*`` belongs to its consumer; one
-still carrying its own name that nothing but the registry refers to was abandoned, and the reaper
-releases it as its deleter would. The price: an abandoned, never-consumed capsule keeps its tensor
-alive until the next reap rather than until it is collected (at most 16 such capsules, or twice the
-number of capsules a caller keeps, outside full collections). A reap costs about 1 µs per abandoned
-capsule and 0.1 µs per capsule still held; amortised, an export pays well under 1 µs for it.
+consumer calls our deleter. A capsule no consumer takes (still under its own name when it dies)
+is released as its deleter would release it:
+
+* **Compiled build:** the capsule's destructor is C (`_capi_c`): it sets any pending exception
+  aside, releases the export at once, and puts the exception back, so a consumer that refuses the
+  capsule keeps its own error.
+* **Pure-Python build:** the capsule has **no destructor**: one written in Python would run while
+  a rejecting consumer's exception is pending and turn it into ``SystemError``. The registry is
+  *reaped* instead: by exports and garbage collections once a few capsules are pending, by every
+  full collection, and at exit. A capsule renamed ``used_*`` belongs to its consumer; one still
+  carrying its own name that nothing but the registry refers to was abandoned, and the reaper
+  releases it. The price: an abandoned capsule keeps its tensor alive until the next reap rather
+  than until it is collected (at most 16 such capsules, or twice the number of capsules a caller
+  keeps, outside full collections). A reap costs about 1 µs per abandoned capsule and 0.1 µs per
+  capsule still held; amortised, an export pays well under 1 µs for it.
+
 Exports through the C exchange API have no capsule and never wait for a reap.
 
 Deviations from PyTorch 2.13 (each one deliberate):
@@ -80,6 +87,11 @@ def _deleter(
 _DELETER_ADDRESS: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
 # Consumers keep the address and may call it after this module's globals are cleared at exit.
 _capi.keep_forever(_deleter)
+
+# The compiled build gives every capsule a C destructor that releases the export of one no consumer
+# took, at once, as the deleter would (`_exports.forget_managed`): the registry then holds the
+# export but need not watch the capsule. Without it (None), `_exports` watches each capsule.
+_CAPSULE_DESTRUCTOR: Final = _capi.dlpack_capsule_destructor(_exports.forget_managed)
 
 
 def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:
@@ -287,8 +299,11 @@ def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> An
     """Write the managed struct, shape and strides into one block; wrap it; register both."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
     address, block = _new_managed(t, device, versioned, copied, name)
-    capsule = _capi.PyCapsule_New(address, name, None)
-    _exports.hold_capsule(address, block, t, name, capsule)
+    capsule = _capi.PyCapsule_New(address, name, _CAPSULE_DESTRUCTOR)
+    if _CAPSULE_DESTRUCTOR is None:
+        _exports.hold_capsule(address, block, t, name, capsule)
+    else:
+        _exports.hold_managed(address, block, t, name)
     return capsule
 
 

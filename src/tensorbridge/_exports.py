@@ -11,12 +11,15 @@ consumer is done, without tensorbridge knowing when that is:
   *orphan*, and each reap tries orphans again. Inner views are never left to the garbage
   collector: on CPython < 3.13 a memoryview whose base is another memoryview can crash the
   collector when both sit in unreachable garbage.
-* **DLPack exports** (`_dlpack`). The managed struct and the exported tensor are held, keyed by
-  the struct's address, until the consumer calls the deleter. Capsules are made *without* a
-  destructor (one written in Python would run while a rejecting consumer's error is pending and
-  turn it into ``SystemError``), so the registry also watches each capsule: a capsule renamed
-  ``used_*`` belongs to its consumer; one still under its own name that nothing but the registry
-  refers to was abandoned, and the reap releases it as its deleter would.
+* **DLPack exports** (`_dlpack_export`) and **Arrow exports** (`_arrow_export`). The managed
+  struct and the exported tensor are held, keyed by the struct's address, until the consumer calls
+  the deleter. A capsule a consumer may leave untaken is *watched* (`hold_capsule`) when it has no
+  destructor: one written in Python would run while a rejecting consumer's error is pending and
+  turn it into ``SystemError``. A watched capsule renamed ``used_*`` belongs to its consumer; one
+  still under its own name that nothing but the registry refers to was abandoned, and the reap
+  releases it as its deleter would. In the compiled build DLPack capsules carry a C destructor
+  that does this at once (keeping any pending error), and are held but not watched
+  (`hold_managed`).
 
 Every entry point may run on any thread and from garbage-collector callbacks (weak-reference
 callbacks, ``__del__``, the deleter a consumer calls while freeing): adding and forgetting an entry

@@ -33,7 +33,8 @@ class ExportCounter:
     happen.
 
     Exports: ``_dlpack_export._new_capsule`` is wrapped. Releases: the reaper calls the module's
-    ``_exports.forget_managed``, which is wrapped; the deleter that consumers call through the
+    ``_exports.forget_managed``, which is wrapped (and, in the compiled build, given to the capsule
+    destructor, which releases untaken capsules through it); the deleter that consumers call through the
     managed struct's C function pointer binds the unwrapped one, so exports made from now on get a
     counting trampoline as their ``deleter`` (``_dlpack_export._DELETER_ADDRESS`` is swapped)
     that counts the call (``deleter``, and ``releases``) and forwards it to the deleter that was
@@ -68,6 +69,9 @@ class ExportCounter:
         # Consumers may call the trampoline after this counter is gone, up to interpreter exit.
         _capi.keep_forever(counted_deleter)
         _dlpack_export._new_capsule, _exports.forget_managed = counted_export, counted_release
+        if _dlpack_export._CAPSULE_DESTRUCTOR is not None:
+            # Compiled: the capsules' C destructor releases through the callable it was given.
+            _capi.dlpack_capsule_destructor(counted_release)
         _dlpack_export._DELETER_ADDRESS = ctypes.cast(counted_deleter, ctypes.c_void_p).value
 
     @staticmethod
