@@ -13,7 +13,6 @@ import pickle
 import subprocess
 import textwrap
 import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
