@@ -345,6 +345,31 @@ def test_a_property_that_declines_is_asked_again():
     assert _dispatch_path(Sometimes(None)) == "sequence"
 
 
+def test_c_types_with_the_standard_lookup_are_probed_once():
+    """C types that set the standard attribute lookup themselves (array.array, mmap) are decided
+    once per type, as Python classes are; a type with its own ``__getattribute__`` is not."""
+    import array
+    import mmap
+
+    from tensorbridge import _capi, _convert
+
+    assert _capi.has_generic_getattr(array.array) and _capi.has_generic_getattr(mmap.mmap)
+    assert array.array.__getattribute__ is not object.__getattribute__  # a wrapper of its own
+    for values in ([1.5, 2.5], [3.5]):
+        t = tb.asarray(array.array("d", values))
+        assert t.tolist() == values and t.dtype is tb.float64
+    assert _convert._PATHS_BY_TYPE[array.array] == ("buffer", None)
+
+    class Computed:
+        __slots__ = ()
+
+        def __getattribute__(self, name):
+            return object.__getattribute__(self, name)
+
+    assert not _capi.has_generic_getattr(Computed)
+    assert not _capi.has_generic_getattr(type)
+
+
 def test_proxies_with_getattr_are_probed_per_object():
     """A type that computes attributes (``__getattr__``) may answer differently per instance."""
 

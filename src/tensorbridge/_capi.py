@@ -28,6 +28,7 @@ __all__ = [
     "VoidFunction",
     "dlpack_capsule_destructor",
     "get_buffer",
+    "has_generic_getattr",
     "keep_forever",
     "steal",
 ]
@@ -166,6 +167,22 @@ if _direct is None:
     BufferView, get_buffer = Py_buffer, PyObject_GetBuffer
 else:
     BufferView, get_buffer = _direct.BufferView, _direct.get_buffer
+
+
+# ``PyType_GetSlot(cls, Py_tp_getattro)`` (Include/typeslots.h) against the generic lookup: a type
+# whose attribute lookup is the standard one, whichever way it was set (C types that name
+# ``PyObject_GenericGetAttr`` in their slots get a ``__getattribute__`` wrapper of their own).
+_PyType_GetSlot: Final = _bind("PyType_GetSlot", _vp, _py, _int)
+_PY_TP_GETATTRO: Final = 58
+_GENERIC_GETATTR: Final = ctypes.cast(
+    _bind("PyObject_GenericGetAttr", _py, _py, _py), ctypes.c_void_p
+).value
+
+
+def has_generic_getattr(cls: type) -> bool:
+    """True when instances of ``cls`` look attributes up the standard way (``object``'s): no
+    ``__getattribute__`` or ``__getattr__`` of its own, in Python or in C."""
+    return bool(_PyType_GetSlot(cls, _PY_TP_GETATTRO) == _GENERIC_GETATTR)
 
 
 # Used by asarray to recognise buffer exporters without acquiring (or failing to acquire) a buffer.

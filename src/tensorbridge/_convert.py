@@ -122,20 +122,17 @@ def _probe(obj: Any) -> tuple[str, Any]:
     return path, value
 
 
-_STANDARD_GETATTRIBUTE: Final[Any] = object.__getattribute__
-
-
 def _type_decides(cls: type, path: str, attribute: str | None) -> bool:
     """Whether every instance of ``cls`` takes ``path``, which one instance took.
 
     True when attribute lookup is the standard one (no ``__getattribute__`` or ``__getattr__`` of
-    the type's own), the protocols are found on the type itself (the chosen one there, none of
+    the type's own, in Python or in C: `_capi.has_generic_getattr`), the protocols are found on the type itself (the chosen one there, none of
     those before it), and an instance cannot add one: it has no ``__dict__``, or the protocol is a
     method (``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``), which tensorbridge,
     like Python's special methods, takes from the type. A type changed after its first conversion
     keeps its first answer.
     """
-    if cls.__getattribute__ is not _STANDARD_GETATTRIBUTE or hasattr(cls, "__getattr__"):
+    if not _capi.has_generic_getattr(cls) or hasattr(cls, "__getattr__"):
         return False
     if cls.__dictoffset__ and path not in _METHOD_PATHS and path != _TENSOR:
         return False
