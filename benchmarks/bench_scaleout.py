@@ -19,13 +19,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-import os
-import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
+
+from tensorbridge.testing import local_ray
 
 if __package__:
     from ._harness import Case, Context, GiB, MiB, script_main
@@ -57,25 +56,12 @@ def _import(name: str) -> Any:
 
 @contextlib.contextmanager
 def _local_ray() -> Iterator[Any]:
-    """A local Ray for this process (one CPU, no dashboard, quiet, its own temporary directory)."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray = _import("ray")
-    if ray is None:
+    """`tensorbridge.testing.local_ray`, or None without Ray."""
+    if _import("ray") is None:
         yield None
         return
-    temp_dir = tempfile.mkdtemp(prefix="tbray")
-    ray.init(
-        num_cpus=1,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level="ERROR",
-        _temp_dir=temp_dir,
-    )
-    try:
+    with local_ray() as ray:
         yield ray
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _put_torch_zero_copy(ray: Any, x: Any) -> Any:

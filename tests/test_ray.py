@@ -26,21 +26,13 @@ pytestmark = [
 # Objects under Ray's inline limit (100 KiB) are copied into the owner's memory store; larger ones
 # go to the shared object store, which is what these checks are about.
 _CHILD = """
-import json, os, shutil, sys, tempfile
+import json
 
-import ray
 import tensorbridge as tb
+from tensorbridge.testing import local_ray
 
 results = {}
-temp_dir = tempfile.mkdtemp(prefix="tbray")
-ray.init(
-    num_cpus=1,
-    include_dashboard=False,
-    log_to_driver=False,
-    logging_level="ERROR",
-    _temp_dir=temp_dir,
-)
-try:
+with local_ray() as ray:
     N = 1 << 18  # elements: 256 KiB and more for every dtype, above the inline limit
 
     def raises(fn):
@@ -144,9 +136,6 @@ try:
             bool(torch.equal(got.clone().torch(), src)),
             got[0].item() == 0.0 and got[1].item() == 1.0,
         ]
-finally:
-    ray.shutdown()
-    shutil.rmtree(temp_dir, ignore_errors=True)
 print("RESULT " + json.dumps(results))
 """
 

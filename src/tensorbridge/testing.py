@@ -27,13 +27,18 @@ inspect what a producer or a consumer did.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import mmap
+import os
+import shutil
 import struct
 import sys
+import tempfile
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Final
 
 from . import _capi
@@ -53,6 +58,7 @@ __all__ = [
     "capsule_name",
     "consume_capsule",
     "dtype_from_format",
+    "local_ray",
     "stats",
 ]
 
@@ -556,3 +562,39 @@ def _counting_deleter(address: int | None) -> None:
 
 
 _COUNTING_DELETER_ADDRESS: Final = ctypes.cast(_counting_deleter, _vp).value
+
+
+# --------------------------------------------------------------------------------------------------
+# A local Ray, for the doctor's scale-out check, the Ray tests and the scale-out benchmark.
+
+
+@contextlib.contextmanager
+def local_ray() -> Iterator[Any]:
+    """A local Ray for this process, started for the ``with`` block and shut down after it: one
+    CPU, no dashboard, quiet, no usage statistics, in a temporary directory of its own (removed
+    afterwards). Yields the ``ray`` module.
+
+    Raises:
+        ImportError: Ray is not installed.
+        Exception: whatever ``ray.init`` raises when Ray cannot start here.
+    """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="tbray")
+    try:
+        ray.init(
+            num_cpus=1,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            _temp_dir=temp_dir,
+        )
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)

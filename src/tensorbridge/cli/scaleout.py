@@ -36,9 +36,10 @@ DASK_CHECK: Final = "Dask: a tensor travels as its own memory, out of band"
 _TIMEOUT: Final = 120.0  # seconds: Ray usually starts in a few
 
 _CHILD: Final = """
-import json, os, shutil, sys, tempfile, time
+import contextlib, json, sys, time
 
 import tensorbridge as tb
+from tensorbridge.testing import local_ray
 
 DTYPES = ("float32", "bfloat16", "float8_e4m3fn", "complex64")
 out = {}
@@ -58,23 +59,13 @@ def refuses_writes(x):
 
 
 def check_ray():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     start = time.perf_counter()
-    import ray
-
-    temp_dir = tempfile.mkdtemp(prefix="tbray")
+    ray_block = contextlib.ExitStack()
     try:
-        ray.init(
-            num_cpus=1,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="ERROR",
-            _temp_dir=temp_dir,
-        )
+        ray = ray_block.enter_context(local_ray())
     except Exception as exc:
-        shutil.rmtree(temp_dir, ignore_errors=True)
         return {"skipped": f"Ray did not start: {type(exc).__name__}: {exc}"[:200]}
-    try:
+    with ray_block:
         result = {"started_s": round(time.perf_counter() - start, 1), "dtypes": {}}
         for name in DTYPES:
             t = tensor(name)
@@ -94,9 +85,6 @@ def check_ray():
         readonly, refused, head = ray.get(probe.remote(ray.put(tensor("float32"))))
         result["task"] = {"readonly": readonly, "refuses_writes": refused, "bytes": head == bytes(range(8))}
         return result
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def check_dask():
