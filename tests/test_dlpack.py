@@ -1153,13 +1153,20 @@ def test_abandoned_capsule_releases_its_export_when_it_dies(max_version):
 
 @_self_releasing
 def test_consumed_capsule_dying_leaves_the_export_to_its_consumer():
-    """Compiled: the destructor of a renamed (consumed) capsule releases nothing."""
+    """Compiled: the destructor of a renamed (consumed) capsule releases nothing; the export goes
+    when its consumer calls the deleter."""
     t = tb.arange(8)
+    alive = weakref.ref(t)
     cap = t.__dlpack__(max_version=(1, 0))
+    address = _get_pointer(cap, b"dltensor_versioned")
     view = tb.from_dlpack(cap)
     del cap, t
     gc.collect()
+    assert address in _exports._MANAGED and alive() is not None
     assert view.tolist() == list(range(8))
+    del view
+    gc.collect()
+    assert address not in _exports._MANAGED and alive() is None
 
 
 def test_capsule_dropped_during_a_refusal_keeps_the_refusal():
