@@ -5,10 +5,12 @@ pyproject.toml; this script adds only what setuptools cannot declare there:
 
 * **The compiled build.** A non-editable install (``pip install .``, a wheel) compiles the modules
   in ``COMPILED`` with Cython in pure-Python mode, from the same ``.py`` files that ship beside the
-  extension modules. Compiling is optional: with no Cython, no C compiler or Python headers, on an
-  interpreter other than CPython, with ``TENSORBRIDGE_NO_EXTENSIONS`` set (to anything but ``0``),
-  or when one module fails to compile, the build warns and ships that module (or every module) as
-  pure Python. It never fails because of the compiled build.
+  extension modules. A ``.pxd`` beside a module holds C declarations for its compiled build only
+  (extension types, C functions); the ``.py`` stays the one source. Compiling is optional: with no
+  Cython, no C compiler or Python headers, on an interpreter other than CPython, with
+  ``TENSORBRIDGE_NO_EXTENSIONS`` set (to anything but ``0``), or when one module fails to compile,
+  the build warns and ships that module (or every module) as pure Python. It never fails because
+  of the compiled build.
 * **Editable installs stay pure Python.** ``pip install -e .`` compiles nothing, so no extension
   module can shadow a ``.py`` file that a developer edits.
 * **What was built** is recorded in ``tensorbridge/_build_record.json`` (read by

@@ -59,7 +59,7 @@ def as_int(value: object, api: str, what: str, *, argument: bool = False) -> int
 
 def as_bool(value: object, api: str, name: str) -> bool:
     """A bool argument, as PyTorch's parser takes it: exactly True or False."""
-    if value.__class__ is not bool:
+    if type(value) is not bool:
         msg = f"{api}(): argument '{name}' must be bool, not {type(value).__name__}; got {value!r}."
         raise TypeError(msg)
     return value is True

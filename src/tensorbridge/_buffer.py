@@ -77,11 +77,11 @@ def frombuffer(
         array('i', [-1, 2, 3])
     """
     # PyTorch's order: argument types, then the buffer, then the lengths.
-    if dtype.__class__ is not DType:
+    if type(dtype) is not DType:
         dtype = as_dtype(dtype, "frombuffer")
-    if count.__class__ is not int:
+    if type(count) is not int:
         count = as_int(count, "frombuffer", "count", argument=True)
-    if offset.__class__ is not int:
+    if type(offset) is not int:
         offset = as_int(offset, "frombuffer", "offset", argument=True)
     if requires_grad is not False:
         requires_grad = as_bool(requires_grad, "frombuffer", "requires_grad")
@@ -104,7 +104,7 @@ def frombuffer(
 def _acquire(obj: Any, api: str) -> BufferStorage:
     """Hold a C-contiguous export of obj, writable if it allows: a storage over the whole buffer."""
     # bytes is never writable: asking would only cost a raised and caught BufferError.
-    if obj.__class__ is not bytes:
+    if type(obj) is not bytes:
         try:
             return BufferStorage(obj, WRITABLE_REQUEST)
         except Exception:  # any exporter error means "try read-only", as in PyTorch and NumPy
@@ -179,7 +179,7 @@ def import_buffer(obj: Any, api: str) -> Tensor:
     their full read-only description, whose ``readonly`` field then says whether the tensor may
     write.
     """
-    if obj.__class__ in _BYTE_STRINGS:
+    if type(obj) in _BYTE_STRINGS:
         storage = _acquire(obj, api)
         return Tensor._new(storage, 0, (storage.nbytes,), (1,), uint8, api, checked=True)
     return _described(obj, api)

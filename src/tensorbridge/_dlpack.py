@@ -40,6 +40,7 @@ from typing import Any, Final
 from . import _capi
 from ._args import GRAD_MSG_EXPORT, as_copy
 from ._cache import remember
+from ._capi import PyCapsule_GetPointer, PyCapsule_SetName
 from ._device import ADDRESSABLE_TYPES, CPU, HOST_TYPES, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -152,7 +153,7 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
             immutable = producer.immutable
         t, used_name, deleter = _open(ext_tensor, immutable)
         # `_commit`, inlined on the hot path: rename, then arm the storage.
-        _capi.PyCapsule_SetName(ext_tensor, used_name)
+        PyCapsule_SetName(ext_tensor, used_name)
         if deleter:
             storage: Any = t._storage  # a DLPackStorage
             storage.deleter = _DELETERS.get(deleter) or _deleter_function(
@@ -442,7 +443,7 @@ def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
     if type(capsule) is not _CapsuleType:
         raise _not_a_producer(capsule)
     try:
-        managed = _capi.PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED)
+        managed = PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED)
     except ValueError:
         managed = _legacy_pointer(capsule)
         fields = read(LEGACY, managed)
@@ -459,7 +460,7 @@ def _commit(capsule: Any, storage: Any, used_name: bytes, deleter: int) -> None:
     Nothing that can fail comes after the rename, so the deleter runs exactly once: by the capsule's
     destructor if this never happens, by the storage otherwise.
     """
-    _capi.PyCapsule_SetName(capsule, used_name)
+    PyCapsule_SetName(capsule, used_name)
     _arm(storage, deleter)
 
 
@@ -628,7 +629,7 @@ def _handle_offset(byte_offset: int, itemsize: int, device: Device) -> BufferErr
 def _legacy_pointer(capsule: Any) -> int:
     """The managed pointer of a ``"dltensor"`` capsule, or the error that its name calls for."""
     try:
-        managed: int = _capi.PyCapsule_GetPointer(capsule, DLTENSOR)
+        managed: int = PyCapsule_GetPointer(capsule, DLTENSOR)
     except ValueError:
         pass
     else:

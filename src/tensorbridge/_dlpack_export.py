@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import _capi, _cuda, _exports
 from ._args import GRAD_MSG_EXPORT, as_copy
+from ._capi import PyCapsule_New
 from ._device import ADDRESSABLE_TYPES, CPU, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -299,7 +300,7 @@ def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> An
     """Write the managed struct, shape and strides into one block; wrap it; register both."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
     address, block = _new_managed(t, device, versioned, copied, name)
-    capsule = _capi.PyCapsule_New(address, name, _CAPSULE_DESTRUCTOR)
+    capsule = PyCapsule_New(address, name, _CAPSULE_DESTRUCTOR)
     if _CAPSULE_DESTRUCTOR is None:
         _exports.hold_capsule(address, block, t, name, capsule)
     else:

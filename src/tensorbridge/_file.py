@@ -73,9 +73,9 @@ def from_file(
     """
     path = as_path(filename, _API, position=1)
     shared = _as_shared(shared)
-    if size.__class__ is not int:
+    if type(size) is not int:
         size = as_int(size, _API, "size", argument=True)
-    if offset.__class__ is not int:
+    if type(offset) is not int:
         offset = as_int(offset, _API, "offset", argument=True)
     requires_grad = as_bool(requires_grad, _API, "requires_grad")
     dtype = float32 if dtype is None else as_dtype(dtype, _API)
@@ -103,7 +103,7 @@ def from_file(
 
 
 def _as_shared(shared: object) -> bool:
-    if shared is None or shared.__class__ is bool:
+    if shared is None or type(shared) is bool:
         return shared is True
     msg = (
         f"{_API}(): argument 'shared' (position 2) must be bool, not {type(shared).__name__}; "

@@ -92,10 +92,11 @@ def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
 def extent(offset: int, shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
     """``(lowest, highest)`` element index a layout touches, or None when it holds no element."""
     low = high = offset
-    for size, stride in zip(shape, strides):
+    for i in range(len(shape)):  # indexed: a compiled loop, where zip() would cost a call
+        size = shape[i]
         if size == 0:
             return None
-        span = (size - 1) * stride
+        span = (size - 1) * strides[i]
         if span < 0:
             low += span
         else:

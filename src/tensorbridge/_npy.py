@@ -57,7 +57,7 @@ def _bad(api: str, source: str, what: str, got: object) -> ValueError:
 
 def _parse_descr(descr: object, api: str, source: str) -> tuple[DType, bool]:
     """The dtype and whether its data is byte-swapped relative to this host."""
-    match = _DESCR.match(descr) if descr.__class__ is str else None
+    match = _DESCR.match(descr) if type(descr) is str else None
     dtype = None
     if match is not None:
         order, kind, size = match.groups()
@@ -120,15 +120,15 @@ def _read_header(
         raise _bad(
             api, source, f"the header is not a Python literal ({type(exc).__name__})", text[:80]
         ) from None
-    if d.__class__ is not dict or set(d) != {"descr", "fortran_order", "shape"}:
+    if type(d) is not dict or set(d) != {"descr", "fortran_order", "shape"}:
         what = "the header must be a dict with exactly the keys 'descr', 'fortran_order', 'shape'"
         raise _bad(api, source, what, text[:80])
     shape, fortran = d["shape"], d["fortran_order"]
-    if shape.__class__ is not tuple or not all(s.__class__ is int and s >= 0 for s in shape):
+    if type(shape) is not tuple or not all(type(s) is int and s >= 0 for s in shape):
         raise _bad(api, source, "shape must be a tuple of non-negative ints", shape)
     if len(shape) > MAX_NDIM:
         raise _bad(api, source, f"tensorbridge supports at most {MAX_NDIM} dimensions", len(shape))
-    if fortran.__class__ is not bool:
+    if type(fortran) is not bool:
         raise _bad(api, source, "fortran_order must be True or False", fortran)
     dtype, swapped = _parse_descr(d["descr"], api, source)
     return dtype, swapped, fortran, shape, start + hlen

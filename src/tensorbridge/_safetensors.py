@@ -125,7 +125,7 @@ def _bad(api: str, source: str, what: str, got: object, tensor: str | None = Non
 
 
 def _is_uint(value: object) -> bool:
-    return value.__class__ is int and 0 <= value < _U64
+    return type(value) is int and 0 <= value < _U64
 
 
 def parse_header(
@@ -163,11 +163,11 @@ def parse_header(
         if exc.args and exc.args[0] is _DUPLICATE:
             raise _bad(api, source, "the header names a key twice", exc.args[1]) from None
         raise _bad(api, source, f"the header is not JSON ({exc})", text[:64]) from None
-    if obj.__class__ is not dict:
+    if type(obj) is not dict:
         raise _bad(api, source, "the header is not a JSON object", text[:64])
     metadata = obj.pop("__metadata__", None)
     if metadata is not None and (
-        metadata.__class__ is not dict or any(v.__class__ is not str for v in metadata.values())
+        type(metadata) is not dict or any(type(v) is not str for v in metadata.values())
     ):
         raise _bad(api, source, "__metadata__ must map str to str", metadata)
     entries = [_entry(name, info, source, api) for name, info in obj.items()]
@@ -226,23 +226,23 @@ def _offsets(e: Entry) -> tuple[int, int]:
 
 
 def _entry(name: str, info: Any, source: str, api: str) -> Entry:
-    if info.__class__ is not dict:
+    if type(info) is not dict:
         raise _bad(api, source, "its entry is not a JSON object", info, name)
     try:
         code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     except KeyError as exc:
         raise _bad(api, source, f"its entry has no {exc.args[0]!r}", info, name) from None
-    if code.__class__ is not str or code not in _BITS:
+    if type(code) is not str or code not in _BITS:
         what = f"unknown dtype (the format defines {', '.join(_BITS)})"
         raise _bad(api, source, what, code, name)
-    if shape.__class__ is not list or not all(_is_uint(s) for s in shape):
+    if type(shape) is not list or not all(_is_uint(s) for s in shape):
         what = "its shape must be a list of non-negative integers below 2**64"
         raise _bad(api, source, what, shape, name)
     if len(shape) > MAX_NDIM:
         raise _bad(
             api, source, f"tensorbridge supports at most {MAX_NDIM} dimensions", len(shape), name
         )
-    if offsets.__class__ is not list or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
+    if type(offsets) is not list or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
         what = "data_offsets must be two non-negative integers below 2**64"
         raise _bad(api, source, what, offsets, name)
     return Entry(name, code, tuple(shape), offsets[0], offsets[1])

@@ -23,12 +23,13 @@ do nothing unless ``Py_IsInitialized()``).
 from __future__ import annotations
 
 import ctypes
-import math
 import sys
 from collections.abc import Callable, Sequence
+from math import prod
 from typing import Any, Final, NamedTuple
 
 from . import _capi
+from ._capi import BufferView, get_buffer
 from ._device import CPU, Device
 from ._layout import extent
 
@@ -40,6 +41,8 @@ ALIGNMENT: Final = 64
 
 # One past the highest address a pointer can hold on this platform.
 ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
+# The largest size an object may have (Py_ssize_t): a module constant, read on every import.
+_MAX_SIZE: Final = sys.maxsize
 
 
 class Storage:
@@ -67,6 +70,19 @@ class Storage:
         owner: object,
         is_copied: bool = False,
     ) -> None:
+        self._fill(ptr, nbytes, device, readonly, owner, is_copied)
+
+    def _fill(
+        self,
+        ptr: int,
+        nbytes: int,
+        device: Device,
+        readonly: bool,
+        owner: object,
+        is_copied: bool,
+    ) -> None:
+        """Set every field: each constructor of a storage, its subclasses' included, calls this
+        once (compiled, a C call that stores into the extension type's fields)."""
         self.ptr = ptr
         self.nbytes = nbytes
         self.device = device
@@ -198,15 +214,12 @@ def locate(
         start, stop = ptr + low * itemsize, ptr + (high + 1) * itemsize
     if kind is not None:
         pass
-    elif sized and math.prod(shape) * itemsize > sys.maxsize:
+    elif sized and prod(shape) * itemsize > _MAX_SIZE:
         kind = "numel"
     elif not empty and ptr == 0:
         kind = "null"
     elif (
-        start < 0
-        or (start == 0 and not empty)
-        or stop > ADDRESS_LIMIT
-        or stop - start > sys.maxsize
+        start < 0 or (start == 0 and not empty) or stop > ADDRESS_LIMIT or stop - start > _MAX_SIZE
     ):
         kind = "address"
     elif nbytes is not None and (low < 0 or stop - ptr > nbytes):
@@ -221,7 +234,7 @@ def locate(
             shape,
             strides,
             itemsize,
-            math.prod(shape),
+            prod(shape),
             low,
             high,
             start,
@@ -268,7 +281,7 @@ def check_view(
             shape,
             strides,
             itemsize,
-            math.prod(shape),
+            prod(shape),
             low,
             high,
             ptr + low * itemsize,
@@ -373,9 +386,9 @@ class BufferStorage(_SelfOwned):
 
     def __init__(self, obj: object, flags: int) -> None:
         # The view holds the one strong reference to the exporter until it is released.
-        view = self.view = _capi.BufferView()
-        _capi.get_buffer(obj, view, flags)
-        Storage.__init__(self, view.buf or 0, view.len, CPU, view.readonly != 0, None)
+        view = self.view = BufferView()
+        get_buffer(obj, view, flags)
+        self._fill(view.buf or 0, view.len, CPU, view.readonly != 0, None, False)
 
     @property
     def obj(self) -> object:
@@ -410,12 +423,16 @@ class DLPackStorage(_SelfOwned):
     def __init__(
         self, ptr: int, nbytes: int, device: Device, readonly: bool, is_copied: bool, managed: int
     ) -> None:
-        Storage.__init__(self, ptr, nbytes, device, readonly, None, is_copied)
+        self._fill(ptr, nbytes, device, readonly, None, is_copied)
         self.managed = managed  # the DLManagedTensor(Versioned)* handed to the deleter
         self.deleter: Any = None  # a ctypes function pointer, once armed
 
-    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
+    # Bound on the class, which outlives the module's globals at exit (a compiled `__del__` takes
+    # no default arguments).
+    _finalizing = staticmethod(sys.is_finalizing)
+
+    def __del__(self) -> None:
         deleter, self.deleter = self.deleter, None
-        if deleter is None or _finalizing():
+        if deleter is None or self._finalizing():
             return
         deleter(self.managed)

@@ -40,6 +40,8 @@ from ._storage import Storage, allocate, check_view
 
 __all__ = ["Tensor"]
 
+_new_object = object.__new__  # bound once: `Tensor._new` runs on every import and view
+
 
 class Tensor:
     """A strided, typed view of a block of memory on some device.
@@ -97,13 +99,13 @@ class Tensor:
         `_storage.wrap`) for exactly this layout; frombuffer's argument checks bound its one
         contiguous run; or the layout is a view this module derived from a checked one.
         """
-        if shape.__class__ is not tuple:
+        if type(shape) is not tuple:
             shape = tuple(shape)
-        if strides.__class__ is not tuple:
+        if type(strides) is not tuple:
             strides = tuple(strides)
         if not checked:
             check_view(storage, offset, shape, strides, dtype.itemsize, api)
-        self = object.__new__(cls)
+        self = _new_object(cls)
         self._storage = storage
         self._offset = offset
         self._shape = Size(shape)

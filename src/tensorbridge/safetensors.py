@@ -132,12 +132,12 @@ def _as_tensors(tensors: object, api: str) -> dict[str, Tensor]:
         raise TypeError(msg)
     out: dict[str, Tensor] = {}
     for name, value in tensors.items():
-        if name.__class__ is not str or name == "__metadata__":
+        if type(name) is not str or name == "__metadata__":
             msg = (
                 f"{api}(): tensor names must be str other than '__metadata__'; got {name!r}. "
                 f"Rename the tensor."
             )
-            raise (TypeError if name.__class__ is not str else ValueError)(msg)
+            raise (TypeError if type(name) is not str else ValueError)(msg)
         if isinstance(value, Tensor):
             out[name] = value
         else:
@@ -151,7 +151,7 @@ def _as_metadata(metadata: object, api: str) -> dict[str, str] | None:
     if metadata is None:
         return None
     if not isinstance(metadata, Mapping) or not all(
-        k.__class__ is str and v.__class__ is str for k, v in metadata.items()
+        type(k) is str and type(v) is str for k, v in metadata.items()
     ):
         msg = (
             f"{api}(): metadata must be None or a dict of str to str; got {metadata!r:.80}. "

@@ -1,0 +1,6 @@
+# C declarations for the compiled build, read by Cython beside _dlpack.py: `from_dlpack` calls its
+# own steps as C functions (each stays callable from Python).
+cpdef _request(obj, producer, target, copy)
+cpdef tuple _open(capsule, bint immutable=*)
+cpdef tuple _versioned(managed)
+cpdef _tensor(managed, tuple dltensor, readonly, copied)
