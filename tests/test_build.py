@@ -7,11 +7,12 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import json
+from pathlib import Path
 
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _build
+from tensorbridge import _build, _storage
 
 from .conftest import run_in_subprocess
 
@@ -57,6 +58,21 @@ def test_build_info_names_exactly_the_loaded_extension_modules():
     assert (report["cython"] is not None) == bool(compiled)
     assert set(compiled) == set(_recorded())  # every module the build compiled is the one loaded
     assert report["direct_capi"] == ("_capi_c" in compiled)  # compiled: the C-API calls are direct
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: set on classes made by a class statement, not on C types
+
+
+def test_a_compiled_storage_module_read_its_declarations():
+    """Compiled, `_storage` is built with its .pxd: the storages are C types (their fields in C),
+    and the .pxd ships beside the module; from source they are Python classes."""
+    classes = (_storage.Storage, _storage.BufferStorage, _storage.DLPackStorage)
+    heap = [bool(cls.__flags__ & _HEAP_TYPE) for cls in classes]
+    if "_storage" in tb.build_info().modules:
+        assert heap == [False, False, False]
+        assert Path(_storage.__file__).with_name("_storage.pxd").is_file()
+    else:
+        assert heap == [True, True, True]
 
 
 @pytest.mark.parametrize("value", ["1", "yes"])
