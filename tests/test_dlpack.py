@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _cuda, _dlpack_c, _dlpack_export, _exports
+from tensorbridge import _capi, _cuda, _dlpack_c, _dlpack_export, _exports
 from tensorbridge._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -108,6 +108,55 @@ def test_export_writes_one_block_with_shape_and_strides():
     assert (dl.device.device_type, dl.device.device_id) == (1, 0)
     assert (dl.dtype.code, dl.dtype.bits, dl.dtype.lanes) == (0, 64, 1)
     assert m.deleter
+
+
+def _written(versioned, address_and_block, ndim):
+    """The bytes of a managed struct with its shape and strides, its own addresses zeroed."""
+    address = address_and_block[0]  # the tuple keeps the block, and so the struct, alive
+    struct_type = DLManagedTensorVersioned if versioned else DLManagedTensor
+    header = ctypes.sizeof(struct_type)
+    raw = bytearray(ctypes.string_at(address, header + 16 * ndim))
+    m = struct_type.from_buffer(raw)
+    assert m.manager_ctx == address
+    assert ctypes.cast(m.dl_tensor.shape, ctypes.c_void_p).value == address + header
+    assert ctypes.cast(m.dl_tensor.strides, ctypes.c_void_p).value == address + header + 8 * ndim
+    m.manager_ctx = None
+    m.dl_tensor.shape = m.dl_tensor.strides = None
+    del m
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("versioned", [True, False])
+@pytest.mark.parametrize(
+    ("shape", "strides"),
+    [((), ()), ((3,), (1,)), ((2, 0, 5), (2**63 - 1, -(2**63), 0)), (tb.Size([4, 1]), (-1, 7))],
+)
+def test_both_managed_struct_writers_write_the_same_struct(versioned, shape, strides):
+    """Every field lands where dlpack.h puts it. The compiled build writes the struct from C, byte
+    for byte what the pure-Python build packs with `struct`; both refuse a value past its field."""
+    fields = (versioned, (1, 3), 0xDE1E7E, 3, 2**64 - 1, 2, 2**31 - 1, 255, 255, 65535, 2**64 - 1)
+    writers = [_dlpack_export._pack_managed]
+    if _capi.new_managed is not None:  # the compiled build
+        writers.append(_capi.new_managed)
+    written = {_written(versioned, w(*fields, shape, strides), len(shape)) for w in writers}
+    assert len(written) == 1
+    raw = bytearray(written.pop())
+    m = (DLManagedTensorVersioned if versioned else DLManagedTensor).from_buffer(raw)
+    dl = m.dl_tensor
+    if versioned:
+        assert (m.version.major, m.version.minor, m.flags) == (1, 3, 3)
+    assert ctypes.cast(m.deleter, ctypes.c_void_p).value == 0xDE1E7E
+    assert (dl.data, dl.device.device_type, dl.device.device_id) == (2**64 - 1, 2, 2**31 - 1)
+    assert (dl.ndim, dl.dtype.code, dl.dtype.bits, dl.dtype.lanes) == (len(shape), 255, 255, 65535)
+    assert dl.byte_offset == 2**64 - 1
+    dims = (ctypes.c_int64 * (2 * len(shape))).from_buffer(raw, ctypes.sizeof(m))
+    assert tuple(dims) == (*shape, *strides)
+    del m, dl, dims
+    for writer in writers:
+        with pytest.raises(OverflowError):
+            writer(*fields[:4], 2**64, *fields[5:], shape, strides)  # data past 64 bits
+        with pytest.raises(OverflowError):
+            writer(*fields, (*shape, 2**63), (*strides, 1))  # a dimension past int64
 
 
 def test_export_zero_d_and_empty_pointers():

@@ -30,6 +30,7 @@ __all__ = [
     "get_buffer",
     "has_generic_getattr",
     "keep_forever",
+    "new_managed",
     "steal",
 ]
 
@@ -88,6 +89,9 @@ else:
 # compiled only. A destructor written in Python (ctypes) cannot do that: Python code cannot run
 # with an exception set, nor return with one set again.
 GUARDED_DESTRUCTOR: Final = None if _direct is None else _direct.guarded_destructor_address()
+# Writes a DLPack managed tensor with its shape and strides into one new block, from C: compiled
+# only (`_dlpack_export` packs the same struct with `struct` without it). See `_capi_c.new_managed`.
+new_managed: Final = None if _direct is None else _direct.new_managed
 
 
 def dlpack_capsule_destructor(release: Any) -> int | None:

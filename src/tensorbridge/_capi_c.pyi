@@ -25,3 +25,21 @@ class BufferView:
     def __init__(self) -> None: ...
 
 def get_buffer(obj: object, view: BufferView, flags: int) -> None: ...
+
+class ManagedBlock: ...
+
+def new_managed(
+    versioned: bool,
+    version: tuple[int, int],
+    deleter: int,
+    flags: int,
+    data: int,
+    device_type: int,
+    device_id: int,
+    code: int,
+    bits: int,
+    lanes: int,
+    byte_offset: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+) -> tuple[int, ManagedBlock]: ...

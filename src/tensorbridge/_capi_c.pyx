@@ -17,8 +17,9 @@ from cpython.pycapsule cimport (
     PyCapsule_New,
     PyCapsule_SetName,
 )
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.ref cimport PyObject
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 
 
 cdef inline const char* _name(object name) except? NULL:
@@ -239,3 +240,123 @@ def dlpack_capsule_destructor(object release):
     global _dlpack_release
     _dlpack_release = release
     return <uintptr_t>&_release_unconsumed_dlpack
+
+
+# The structs of dlpack.h v1.3 that an export writes. `_dlpack_abi` mirrors them in ctypes, field
+# for field; the deleter is an untyped address here, as in the writer there.
+ctypedef struct DLDevice:
+    int32_t device_type
+    int32_t device_id
+
+ctypedef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+ctypedef struct DLTensor:
+    void* data
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides
+    uint64_t byte_offset
+
+ctypedef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void* manager_ctx
+    void* deleter
+
+ctypedef struct DLPackVersion:
+    uint32_t major
+    uint32_t minor
+
+ctypedef struct DLManagedTensorVersioned:
+    DLPackVersion version
+    void* manager_ctx
+    void* deleter
+    uint64_t flags
+    DLTensor dl_tensor
+
+
+cdef class ManagedBlock:
+    """One allocation holding a managed tensor followed by its shape and strides (``int64_t[ndim]``
+    each), freed when the block dies: whoever holds the block holds the struct."""
+
+    cdef void* memory
+
+    def __dealloc__(self):
+        PyMem_Free(self.memory)
+
+
+def new_managed(
+    bint versioned,
+    tuple version not None,
+    uintptr_t deleter,
+    uint64_t flags,
+    uintptr_t data,
+    int32_t device_type,
+    int32_t device_id,
+    uint8_t code,
+    uint8_t bits,
+    uint16_t lanes,
+    uint64_t byte_offset,
+    object shape,
+    object strides,
+):
+    """A ``DLManagedTensorVersioned`` (``versioned``; else a ``DLManagedTensor``, which has no
+    ``version`` or ``flags``) with these fields, followed by its shape and strides, in one new block.
+
+    ``manager_ctx`` is the struct's own address; ``shape`` and ``strides`` are tuples (or
+    subclasses). Returns ``(address, block)``; the struct lives as long as the block.
+    `OverflowError` for a value its field cannot hold, `ValueError` when ``strides`` is not as long
+    as ``shape``: nothing stays allocated then.
+    """
+    if not (isinstance(shape, tuple) and isinstance(strides, tuple)):
+        raise TypeError("new_managed(): shape and strides must be tuples")
+    cdef tuple dims_in = <tuple>shape
+    cdef tuple steps_in = <tuple>strides
+    cdef Py_ssize_t ndim = len(dims_in)
+    cdef Py_ssize_t i
+    if len(steps_in) != ndim:
+        raise ValueError(f"new_managed(): {ndim} dimensions but {len(strides)} strides")
+    if ndim > 0x7FFFFFFF:
+        raise OverflowError(f"new_managed(): {ndim} dimensions do not fit DLTensor.ndim")
+    cdef uint32_t major = version[0]
+    cdef uint32_t minor = version[1]
+    cdef size_t header = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
+    cdef ManagedBlock block = ManagedBlock.__new__(ManagedBlock)
+    block.memory = PyMem_Malloc(header + 2 * sizeof(int64_t) * <size_t>ndim)
+    if block.memory == NULL:
+        raise MemoryError()
+    cdef int64_t* dims = <int64_t*>(<char*>block.memory + header)
+    for i in range(ndim):  # a value past int64 raises here, and the block frees the memory
+        dims[i] = dims_in[i]
+        dims[ndim + i] = steps_in[i]
+    cdef DLManagedTensorVersioned* managed_versioned
+    cdef DLManagedTensor* managed_legacy
+    cdef DLTensor* tensor
+    if versioned:
+        managed_versioned = <DLManagedTensorVersioned*>block.memory
+        managed_versioned.version.major = major
+        managed_versioned.version.minor = minor
+        managed_versioned.manager_ctx = block.memory
+        managed_versioned.deleter = <void*>deleter
+        managed_versioned.flags = flags
+        tensor = &managed_versioned.dl_tensor
+    else:
+        managed_legacy = <DLManagedTensor*>block.memory
+        managed_legacy.manager_ctx = block.memory
+        managed_legacy.deleter = <void*>deleter
+        tensor = &managed_legacy.dl_tensor
+    tensor.data = <void*>data
+    tensor.device.device_type = device_type
+    tensor.device.device_id = device_id
+    tensor.ndim = <int32_t>ndim
+    tensor.dtype.code = code
+    tensor.dtype.bits = bits
+    tensor.dtype.lanes = lanes
+    tensor.shape = dims
+    tensor.strides = dims + ndim
+    tensor.byte_offset = byte_offset
+    return <uintptr_t>block.memory, block

@@ -94,10 +94,11 @@ class Device:
     Metal, oneAPI and ROCm.
     """
 
-    __slots__ = ("_index", "_type")
+    __slots__ = ("_dlpack", "_index", "_type")
 
     _type: str
     _index: int | None
+    _dlpack: tuple[DLDeviceType, int]  # what `to_dlpack` returns, made once
 
     def __new__(cls, type: Device | str, index: int | None = None) -> Device:
         if isinstance(type, Device):
@@ -152,6 +153,7 @@ class Device:
         self = super().__new__(cls)
         object.__setattr__(self, "_type", name)
         object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_dlpack", (_TYPE_OF[name], index or 0))
         return self
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -180,7 +182,7 @@ class Device:
 
     def to_dlpack(self) -> tuple[DLDeviceType, int]:
         """``(device_type, device_id)`` as ``__dlpack_device__`` reports it (id 0 when unnumbered)."""
-        return _TYPE_OF[self._type], self._index or 0
+        return self._dlpack
 
     @classmethod
     def from_dlpack(cls, device_type: int, device_id: int) -> Device:

@@ -3,8 +3,9 @@
 This module sits below `Tensor`: it reads a tensor's storage, offset, shape, strides and dtype and
 never builds one (a copy it needs comes from the tensor's own methods).
 
-Export writes one ctypes block holding the managed struct, the shape and the strides, wraps it in a
-capsule, and keeps the block and the exported tensor in the export registry (`_exports`) until the
+Export writes one block holding the managed struct, the shape and the strides (from C in the
+compiled build, `_capi.new_managed`; packed with `struct` into a ctypes array otherwise), wraps it in
+a capsule, and keeps the block and the exported tensor in the export registry (`_exports`) until the
 consumer calls our deleter. A capsule no consumer takes (still under its own name when it dies)
 is released as its deleter would release it:
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from . import _capi, _cuda, _exports
@@ -55,6 +57,7 @@ from ._dlpack_abi import (
 )
 from ._dlpack_c import exchange_api_of
 from ._errors import short_repr
+from ._exports import hold_capsule, hold_managed
 
 if TYPE_CHECKING:
     from ._tensor import Tensor
@@ -135,13 +138,15 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
         _check_stream(stream, device, api)
     if dl_device is not None:
         device = _export_device(dl_device, device, copy, api)
-    strides = t._strides
     copied = copy is True
-    if not copied and strides and min(strides) < 0:
-        if has_negative_stride(t._shape, strides):
-            copied = True
-        else:
-            t = with_idle_strides_positive(t)  # nothing to copy: the strides address nothing
+    if not copied:
+        for stride in t._strides:  # a loop, not min(): cheaper for the few strides a tensor has
+            if stride < 0:
+                if has_negative_stride(t._shape, t._strides):
+                    copied = True
+                else:
+                    t = with_idle_strides_positive(t)  # nothing to copy: they address nothing
+                break
     if copied:
         t = _export_copy(t, copy, api)
     elif t._storage.readonly and not versioned:
@@ -296,79 +301,114 @@ def _block_layout(versioned: bool, ndim: int) -> tuple[struct.Struct, Any, int]:
     return layout
 
 
+def _pack_managed(
+    versioned: bool,
+    version: tuple[int, int],
+    deleter: int,
+    flags: int,
+    data: int,
+    device_type: int,
+    device_id: int,
+    code: int,
+    bits: int,
+    lanes: int,
+    byte_offset: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+) -> tuple[int, Any]:
+    """A ``DLManagedTensor(Versioned)`` with these fields (a legacy struct has no version or
+    flags), followed by its shape and strides, in one new ctypes block whose address is
+    ``manager_ctx``; returns ``(address, block)``. `OverflowError` for a value its field cannot
+    hold. The compiled build writes the same struct from C (`_capi.new_managed`)."""
+    ndim = len(shape)
+    fmt, block_type, shape_at = _BLOCKS.get((versioned, ndim)) or _block_layout(versioned, ndim)
+    block = block_type()
+    address: int = ctypes.addressof(block)
+    shape_p = address + shape_at
+    dltensor = (data, device_type, device_id, ndim, code, bits, lanes, shape_p, shape_p + 8 * ndim)
+    try:
+        if versioned:
+            fmt.pack_into(
+                block,
+                0,
+                *version,
+                address,
+                deleter,
+                flags,
+                *dltensor,
+                byte_offset,
+                *shape,
+                *strides,
+            )
+        else:
+            fmt.pack_into(block, 0, *dltensor, byte_offset, address, deleter, *shape, *strides)
+    except struct.error as e:
+        raise OverflowError(str(e)) from None
+    return address, block
+
+
+# How the managed struct is written: from C in the compiled build, with `struct` otherwise.
+_write_managed: Final[Callable[..., tuple[int, Any]]] = _capi.new_managed or _pack_managed
+
+
 def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> Any:
     """Write the managed struct, shape and strides into one block; wrap it; register both."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
-    address, block = _new_managed(t, device, versioned, copied, name)
+    address, block = _new_managed(t, device, versioned, copied)
     capsule = PyCapsule_New(address, name, _CAPSULE_DESTRUCTOR)
     if _CAPSULE_DESTRUCTOR is None:
-        _exports.hold_capsule(address, block, t, name, capsule)
+        hold_capsule(address, block, t, name, capsule)
     else:
-        _exports.hold_managed(address, block, t, name)
+        hold_managed(address, block, t, name)
     return capsule
 
 
-def _new_managed(
-    t: Tensor, device: Device, versioned: bool, copied: bool, name: bytes
-) -> tuple[int, Any]:
+def _idle_strides_in_int64(strides: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a tensor without elements, which address nothing: those past int64
+    (row-major strides of a huge empty shape) become 0 rather than be refused."""
+    return tuple(st if -(2**63) <= st < 2**63 else 0 for st in strides)
+
+
+def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool) -> tuple[int, Any]:
     """Write a ``DLManagedTensor(Versioned)`` for ``t``, with its shape and strides, into one
     block; return its address and the block, which the caller registers with ``t`` until
     `_deleter` runs."""
     storage = t._storage
     shape, strides = t._shape, t._strides
-    ndim = len(shape)
-    itemsize = t._dtype.itemsize
-    code, bits, lanes = t._dtype.dlpack
-    dev_type, dev_id = device.to_dlpack()
+    dtype = t._dtype
+    code, bits, lanes = dtype.dlpack
+    dev_type, dev_id = device._dlpack  # device.to_dlpack(), without the method call
     if 0 in shape:
         data, byte_offset = 0, 0  # dlpack.h: NULL data for size-0 tensors
-        # The strides of a size-0 tensor address nothing; those past int64 (row-major strides of
-        # a huge empty shape) are written as 0 rather than refused.
-        strides = tuple(st if -(2**63) <= st < 2**63 else 0 for st in strides)
+        strides = _idle_strides_in_int64(strides)
     elif dev_type in ADDRESSABLE_TYPES:
-        data, byte_offset = storage.ptr + t._offset * itemsize, 0  # as NumPy and PyTorch do
+        data, byte_offset = storage.ptr + t._offset * dtype.itemsize, 0  # as NumPy and PyTorch do
     else:
-        data, byte_offset = storage.ptr, t._offset * itemsize  # a handle: no pointer arithmetic
-    fmt, block_type, shape_at = _BLOCKS.get((versioned, ndim)) or _block_layout(versioned, ndim)
-    block = block_type()
-    address: int = ctypes.addressof(block)
-    shape_p = address + shape_at
-    # manager_ctx is opaque to consumers: the block's own address, the key of its registry entry.
-    dltensor = (
-        data,
-        dev_type,
-        dev_id,
-        ndim,
-        code,
-        bits,
-        lanes,
-        shape_p,
-        shape_p + 8 * ndim,
-        byte_offset,
+        data, byte_offset = storage.ptr, t._offset * dtype.itemsize  # a handle: no arithmetic
+    flags = (
+        DLPACK_FLAG_BITMASK_IS_COPIED
+        if copied
+        else DLPACK_FLAG_BITMASK_READ_ONLY
+        if storage.readonly
+        else 0
     )
     try:
-        if versioned:
-            flags = (
-                DLPACK_FLAG_BITMASK_IS_COPIED
-                if copied
-                else DLPACK_FLAG_BITMASK_READ_ONLY
-                if storage.readonly
-                else 0
-            )
-            fmt.pack_into(
-                block,
-                0,
-                *DLPACK_VERSION,
-                address,
-                _DELETER_ADDRESS,
-                flags,
-                *dltensor,
-                *shape,
-                *strides,
-            )
-        else:
-            fmt.pack_into(block, 0, *dltensor, address, _DELETER_ADDRESS, *shape, *strides)
-    except struct.error:
+        return _write_managed(
+            versioned,
+            DLPACK_VERSION,
+            _DELETER_ADDRESS,
+            flags,
+            data,
+            dev_type,
+            dev_id,
+            code,
+            bits,
+            lanes,
+            byte_offset,
+            shape,
+            strides,
+        )
+    except OverflowError:
         # Only a tensor imported from a lying producer gets here: e.g. a device handle plus
         # byte_offset beyond 64 bits. DLPack's fixed-width fields cannot carry it.
         msg = (
@@ -377,7 +417,6 @@ def _new_managed(
             f"fields; it cannot be exported. Export a clone() of host memory instead."
         )
         raise BufferError(msg) from None
-    return address, block
 
 
 def exchange_export(t: Tensor, cls: type) -> Any:
@@ -394,8 +433,8 @@ def exchange_export(t: Tensor, cls: type) -> Any:
     exchange = exchange_api_of(cls)
     if exchange is None or not t._storage.device.is_host_accessible:
         return None
-    address, block = _new_managed(t, t._storage.device, True, False, DLTENSOR_VERSIONED)
-    _exports.hold_managed(address, block, t, DLTENSOR_VERSIONED)
+    address, block = _new_managed(t, t._storage.device, True, False)
+    hold_managed(address, block, t, DLTENSOR_VERSIONED)
     out = ctypes.c_void_p()
     try:
         failed = exchange.to_py(address, ctypes.byref(out))

@@ -32,7 +32,8 @@ class ExportCounter:
     """Counts tensorbridge's capsule exports and releases from now on, on whatever thread they
     happen.
 
-    Exports: ``_dlpack_export._new_capsule`` is wrapped. Releases: the reaper calls the module's
+    Exports: the registry calls ``_dlpack_export`` makes for each export (``hold_managed`` and
+    ``hold_capsule``, module globals it looks up at each call) are wrapped. Releases: the reaper calls the module's
     ``_exports.forget_managed``, which is wrapped (and, in the compiled build, given to the capsule
     destructor, which releases untaken capsules through it); the deleter that consumers call through the
     managed struct's C function pointer binds the unwrapped one, so exports made from now on get a
@@ -48,13 +49,18 @@ class ExportCounter:
             itertools.count(),
             itertools.count(),
         )
-        new_capsule, release = _dlpack_export._new_capsule, _exports.forget_managed
+        hold_managed, hold_capsule = _dlpack_export.hold_managed, _dlpack_export.hold_capsule
+        release = _exports.forget_managed
         exports, releases, deleter_calls = self._exports, self._releases, self._deleter
         forward = DLPackDeleter(_dlpack_export._DELETER_ADDRESS)
 
-        def counted_export(*args: Any) -> Any:
+        def counted_hold_managed(*args: Any) -> None:
             next(exports)
-            return new_capsule(*args)
+            hold_managed(*args)
+
+        def counted_hold_capsule(*args: Any) -> None:
+            next(exports)
+            hold_capsule(*args)
 
         def counted_release(address: int, *args: Any) -> object:
             next(releases)
@@ -68,7 +74,9 @@ class ExportCounter:
 
         # Consumers may call the trampoline after this counter is gone, up to interpreter exit.
         _capi.keep_forever(counted_deleter)
-        _dlpack_export._new_capsule, _exports.forget_managed = counted_export, counted_release
+        _dlpack_export.hold_managed = counted_hold_managed
+        _dlpack_export.hold_capsule = counted_hold_capsule
+        _exports.forget_managed = counted_release
         if _dlpack_export._CAPSULE_DESTRUCTOR is not None:
             # Compiled: the capsules' C destructor releases through the callable it was given.
             _capi.dlpack_capsule_destructor(counted_release)
