@@ -161,14 +161,19 @@ PyBUF_WRITE: Final = 0x200
 
 
 # A held buffer, in two calls on every buffer import's path: ``view = BufferView()``, then
-# ``get_buffer(obj, view, flags)`` (the exporter's error on failure, with nothing held). Its fields
-# read as `Py_buffer`'s (``view.shape[:n]`` works on both builds) and it releases itself when it
-# dies. The compiled `BufferView` holds the struct inline; here it is the ctypes struct itself,
-# whose own (C) initialiser keeps the pair to two C calls.
+# ``get_buffer(obj, view, flags)``, which returns ``(buf, len, readonly)`` (the address, 0 for NULL;
+# the length; a bool) and raises the exporter's error with nothing held. The view's fields read as
+# `Py_buffer`'s (``view.shape[:n]`` works on both builds) and it releases itself when it dies. The
+# compiled `BufferView` holds the struct inline; here it is the ctypes struct itself.
+def _get_buffer(obj: object, view: Py_buffer, flags: int) -> tuple[int, int, bool]:
+    PyObject_GetBuffer(obj, view, flags)
+    return view.buf or 0, view.len, view.readonly != 0
+
+
 BufferView: Any
 get_buffer: Any
 if _direct is None:
-    BufferView, get_buffer = Py_buffer, PyObject_GetBuffer
+    BufferView, get_buffer = Py_buffer, _get_buffer
 else:
     BufferView, get_buffer = _direct.BufferView, _direct.get_buffer
 

@@ -142,11 +142,14 @@ cdef class BufferView:
 
 
 def get_buffer(object obj, BufferView view not None, int flags):
-    """``PyObject_GetBuffer(obj, view, flags)``: raises the exporter's error, holding nothing."""
+    """``PyObject_GetBuffer(obj, view, flags)``, then ``(buf, len, readonly)`` of the held buffer:
+    the address (0 for NULL), the length in bytes and a bool. Raises the exporter's error, holding
+    nothing."""
     if view.held:
         raise ValueError("get_buffer(): this BufferView already holds a buffer; make a new one.")
     PyObject_GetBuffer(obj, &view.view, flags)
     view.held = True
+    return <uintptr_t>view.view.buf, view.view.len, view.view.readonly != 0
 
 
 cdef extern from "Python.h":

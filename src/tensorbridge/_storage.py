@@ -387,8 +387,8 @@ class BufferStorage(_SelfOwned):
     def __init__(self, obj: object, flags: int) -> None:
         # The view holds the one strong reference to the exporter until it is released.
         view = self.view = BufferView()
-        get_buffer(obj, view, flags)
-        self._fill(view.buf or 0, view.len, CPU, view.readonly != 0, None, False)
+        buf, length, readonly = get_buffer(obj, view, flags)
+        self._fill(buf, length, CPU, readonly, None, False)
 
     @property
     def obj(self) -> object:
