@@ -27,17 +27,13 @@ from ._storage import (
     BufferStorage,
     hold_buffer,
 )
-from ._tensor import Tensor
+from ._tensor import Tensor, new_tensor
 
 __all__ = ["frombuffer", "import_buffer"]
 
 
 # -------------------------------------------------------------------------------------------------
 # Import: frombuffer
-
-# `Tensor._new`, bound once: the class attribute lookup and method binding are a tenth of a
-# compiled frombuffer.
-_new_tensor: Final = Tensor._new
 
 
 def frombuffer(
@@ -103,7 +99,7 @@ def frombuffer(
     # The storage is exactly the viewed bytes, as PyTorch's: `_element_count` bounded them.
     storage.ptr += offset
     storage.nbytes = numel * itemsize
-    return _new_tensor(storage, 0, (numel,), (1,), dtype, "frombuffer", requires_grad, checked=True)
+    return new_tensor(storage, 0, (numel,), (1,), dtype, "frombuffer", requires_grad, checked=True)
 
 
 def _acquire(obj: Any, api: str) -> BufferStorage:
@@ -186,7 +182,7 @@ def import_buffer(obj: Any, api: str) -> Tensor:
     """
     if type(obj) in _BYTE_STRINGS:
         storage = _acquire(obj, api)
-        return _new_tensor(storage, 0, (storage.nbytes,), (1,), uint8, api, checked=True)
+        return new_tensor(storage, 0, (storage.nbytes,), (1,), uint8, api, checked=True)
     return _described(obj, api)
 
 

@@ -98,7 +98,7 @@ def dlpack_capsule_destructor(release: Any) -> int | None:
     """The address of a C destructor for tensorbridge's DLPack capsules, or None without one.
 
     Freeing a capsule no consumer took (still named ``dltensor``/``dltensor_versioned``), it calls
-    ``release(address of the managed tensor)``, with any pending exception kept aside; nothing
+    ``release(address of the managed tensor, None)``, with any pending exception kept aside; nothing
     while the interpreter finalises. Compiled only: without it the capsules carry no destructor and
     `_exports` watches them instead.
     """

@@ -20,6 +20,7 @@ from cpython.pycapsule cimport (
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport strcmp
 
 
 cdef inline const char* _name(object name) except? NULL:
@@ -154,13 +155,13 @@ def get_buffer(object obj, BufferView view not None, int flags):
 
 cdef extern from "Python.h":
     void* _capsule_context "PyCapsule_GetContext" (PyObject* capsule)
-    int _capsule_is_valid "PyCapsule_IsValid" (PyObject* capsule, const char* name)
     void* _capsule_pointer_of "PyCapsule_GetPointer" (PyObject* capsule, const char* name)
+    const char* _capsule_name "PyCapsule_GetName" (PyObject* capsule)
     void _err_fetch "PyErr_Fetch" (PyObject** kind, PyObject** value, PyObject** traceback)
     void _err_restore "PyErr_Restore" (PyObject* kind, PyObject* value, PyObject* traceback)
     void _write_unraisable "PyErr_WriteUnraisable" (PyObject* where)
     PyObject* _int_from_pointer "PyLong_FromVoidPtr" (void* pointer)
-    PyObject* _call_one "PyObject_CallOneArg" (PyObject* function, PyObject* argument)
+    PyObject* _vectorcall "PyObject_Vectorcall" (PyObject* function, PyObject** args, size_t nargs, PyObject* names)
     void _decref "Py_DecRef" (PyObject* obj)
 
 
@@ -184,15 +185,19 @@ cdef extern from *:
 # They take the capsule as a borrowed PyObject*: it is being freed, so no reference may be made.
 
 
-cdef void _call_keeping_error(PyObject* function, void* pointer) noexcept:
-    """``function(pointer as an int)``, with any pending exception kept as it was."""
+cdef void _call_keeping_error(PyObject* function, void* pointer, PyObject* second) noexcept:
+    """``function(pointer as an int)``, or ``function(pointer as an int, second)`` when ``second``
+    is not NULL, with any pending exception kept as it was."""
     cdef PyObject* kind
     cdef PyObject* value
     cdef PyObject* traceback
-    cdef PyObject* result
+    cdef PyObject* result = NULL
+    cdef PyObject* arguments[2]
     _err_fetch(&kind, &value, &traceback)
     cdef PyObject* address = _int_from_pointer(pointer)
-    result = NULL if address == NULL else _call_one(function, address)
+    if address != NULL:
+        arguments[0], arguments[1] = address, second
+        result = _vectorcall(function, arguments, 1 if second == NULL else 2, NULL)
     if address != NULL:
         _decref(address)
     if result == NULL:
@@ -207,7 +212,7 @@ cdef void _guarded_destructor(PyObject* capsule) noexcept:
     # ctypes destructor receives it. PyCapsule_GetContext sets no error for a valid capsule.
     cdef PyObject* function = <PyObject*>_capsule_context(capsule)
     if function != NULL:  # NULL: no callable was set
-        _call_keeping_error(function, <void*>capsule)
+        _call_keeping_error(function, <void*>capsule, NULL)
 
 
 def guarded_destructor_address():
@@ -225,20 +230,23 @@ cdef void _release_unconsumed_dlpack(PyObject* capsule) noexcept:
     # deleter would release it (DLPack: the producer's capsule destructor calls the deleter of an
     # unconsumed capsule). A renamed one ("used_*") belongs to its consumer, which calls the
     # deleter when it is done. While the interpreter finalises, nothing runs (leak, never crash).
-    cdef void* managed = NULL
+    # PyCapsule_GetName and PyCapsule_GetPointer under the capsule's own name set no error for a
+    # capsule being freed (it is valid: its pointer is not NULL).
+    cdef const char* name
+    cdef void* managed
     if _dlpack_release is None or _finalizing():
         return
-    if _capsule_is_valid(capsule, b"dltensor_versioned"):
-        managed = _capsule_pointer_of(capsule, b"dltensor_versioned")
-    elif _capsule_is_valid(capsule, b"dltensor"):
-        managed = _capsule_pointer_of(capsule, b"dltensor")
+    name = _capsule_name(capsule)
+    if name == NULL or (strcmp(name, b"dltensor_versioned") != 0 and strcmp(name, b"dltensor") != 0):
+        return
+    managed = _capsule_pointer_of(capsule, name)
     if managed != NULL:
-        _call_keeping_error(<PyObject*>_dlpack_release, managed)
+        _call_keeping_error(<PyObject*>_dlpack_release, managed, <PyObject*>None)
 
 
 def dlpack_capsule_destructor(object release):
     """The address of the destructor of tensorbridge's DLPack capsules: for a capsule no consumer
-    took, it calls ``release(address of the managed tensor)``, keeping any pending exception.
+    took, it calls ``release(address of the managed tensor, None)``, keeping any pending exception.
     ``release`` is held for the life of the process (one per process: a later call replaces it)."""
     global _dlpack_release
     _dlpack_release = release

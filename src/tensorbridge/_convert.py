@@ -43,6 +43,8 @@ from ._tensor import Tensor
 
 __all__ = ["as_tensor", "asarray", "from_pointer", "is_protocol_object", "tensor"]
 
+# The paths `asarray` can take. A path is always one of these very objects (`_dispatch` returns
+# them, and the per-type table holds them), so the hot paths test it with ``is``.
 _TENSOR: Final = "tensor"
 _CAPSULE: Final = "dlpack_capsule"
 _ARROW: Final = "arrow"
@@ -187,7 +189,6 @@ def _import(
     path: str,
     obj: Any,
     found: Any,
-    *,
     device: Device | None,
     copy: bool | None,
     dtype: DType | None,
@@ -199,7 +200,7 @@ def _import(
     which its array interface and buffer serve) is read through the next protocol it offers; when
     that fails too, the producer's refusal is raised.
     """
-    if path == _DLPACK:
+    if path is _DLPACK:
         # The producer makes the copy for copy=True, unless a dtype change will copy anyway.
         producer_copies = copy is True and dtype is None
         try:
@@ -208,27 +209,25 @@ def _import(
             after = _after_dlpack(obj)
             if after is not None:
                 try:
-                    return _import(
-                        after[0], obj, after[1], device=device, copy=copy, dtype=dtype, api=api
-                    )
+                    return _import(after[0], obj, after[1], device, copy, dtype, api)
                 except Exception:  # the producer's refusal, re-raised below, says more
                     pass
             raise _as_called(refusal, api) from refusal.__cause__
         except Exception as exc:
             raise _as_called(exc, api) from exc.__cause__
         return t, producer_copies
-    if path == _CAPSULE:
+    if path is _CAPSULE:
         try:
             return _dlpack.from_dlpack(obj), False
         except Exception as exc:
             raise _as_called(exc, api) from exc.__cause__
-    if path == _ARROW:
+    if path is _ARROW:
         return _interfaces.import_arrow_array(found, copy, api)
-    if path == _ARROW_STREAM:
+    if path is _ARROW_STREAM:
         return _interfaces.import_arrow_stream(found, copy, api)
-    if path == _CUDA_ARRAY_INTERFACE:
+    if path is _CUDA_ARRAY_INTERFACE:
         return _interfaces.import_cuda_array_interface(obj, found, api), False
-    if path == _ARRAY_INTERFACE:
+    if path is _ARRAY_INTERFACE:
         return _interfaces.import_array_interface(obj, found, api), False
     return import_buffer(obj, api), False
 
@@ -324,15 +323,15 @@ def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, a
     if copy is not None:
         copy = as_copy(copy, api)
     path, found = _dispatch(obj)
-    if path == _TENSOR:
+    if path is _TENSOR:
         t, copied = obj, False
-    elif path in (_SEQUENCE, _SCALAR):
+    elif path is _SEQUENCE or path is _SCALAR:
         if copy is False:
             msg = f"{api}(): can't alias arbitrary sequence into a tensor. Pass copy=None or copy=True."
             raise ValueError(msg)
         return _creation.from_data(obj, dtype, want, requires_grad, api)
     else:
-        t, copied = _import(path, obj, found, device=want, copy=copy, dtype=dtype, api=api)
+        t, copied = _import(path, obj, found, want, copy, dtype, api)
     if dtype is None and want is None and not copy and requires_grad is False:
         return t  # nothing to apply (the common case)
     return _finish(

@@ -66,7 +66,7 @@ from ._dlpack_export import _export
 from ._errors import NotDLPackError, short_repr
 from ._layout import MAX_NDIM, contiguous_strides
 from ._storage import DLPackStorage, Refusal, Storage, locate
-from ._tensor import Tensor
+from ._tensor import Tensor, new_tensor
 
 __all__ = ["from_dlpack", "to_dlpack"]
 
@@ -536,7 +536,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
                 if min(shape) < 0:
                     raise _negative_shape(shape)
                 storage = DLPackStorage(data or 0, 0, device, readonly, copied, managed)
-                return Tensor._new(storage, 0, shape, strides, dtype, "from_dlpack")
+                return new_tensor(storage, 0, shape, strides, dtype, "from_dlpack")
             if size < 0:
                 raise _negative_shape(shape)
     if not data:
@@ -581,7 +581,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         )
         raise BufferError(msg) from None
     storage = DLPackStorage(start, nbytes, device, readonly, copied, managed)
-    return Tensor._new(storage, offset, shape, strides, dtype, "from_dlpack", checked=True)
+    return new_tensor(storage, offset, shape, strides, dtype, "from_dlpack", checked=True)
 
 
 def _refused(refusal: Refusal) -> BufferError:

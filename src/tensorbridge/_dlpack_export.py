@@ -93,9 +93,9 @@ _DELETER_ADDRESS: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
 _capi.keep_forever(_deleter)
 
 # The compiled build gives every capsule a C destructor that releases the export of one no consumer
-# took, at once, as the deleter would (`_exports.forget_managed`): the registry then holds the
+# took, at once, as the deleter would (`_exports.forget_unwatched`): the registry then holds the
 # export but need not watch the capsule. Without it (None), `_exports` watches each capsule.
-_CAPSULE_DESTRUCTOR: Final = _capi.dlpack_capsule_destructor(_exports.forget_managed)
+_CAPSULE_DESTRUCTOR: Final = _capi.dlpack_capsule_destructor(_exports.forget_unwatched)
 
 
 def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:

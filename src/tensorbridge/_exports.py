@@ -49,6 +49,7 @@ from . import _capi
 __all__ = [
     "counts",
     "forget_managed",
+    "forget_unwatched",
     "hold_capsule",
     "hold_managed",
     "hold_view",
@@ -137,6 +138,12 @@ def forget_managed(
     """
     _pending.pop(address, None)
     return _managed.pop(address, None)
+
+
+# What the compiled build's DLPack capsule destructor calls, as ``forget_unwatched(address, None)``,
+# to release the export of a capsule no consumer took: such a capsule is held (`hold_managed`) but
+# never watched, so `forget_managed` would find nothing pending; the table's own ``pop`` is a C call.
+forget_unwatched: Final = _MANAGED.pop
 
 
 def _references(pending: dict[int, object]) -> list[tuple[int, object, int]]:

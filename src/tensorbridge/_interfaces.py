@@ -41,7 +41,7 @@ from ._device import CPU, Device
 from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
 from ._errors import short_repr
 from ._storage import Refusal, hold_buffer, wrap
-from ._tensor import Tensor, _from_bytes
+from ._tensor import Tensor, _from_bytes, new_tensor
 
 __all__ = [
     "ArrowArray",
@@ -90,7 +90,7 @@ def wrap_memory(
         api,
         lambda refusal: _memory_refused(refusal, dtype),
     )
-    return Tensor._new(storage, element_offset, shape, strides, dtype, api, checked=True)
+    return new_tensor(storage, element_offset, shape, strides, dtype, api, checked=True)
 
 
 def _memory_refused(r: Refusal, dtype: DType) -> ValueError:

@@ -34,8 +34,9 @@ class ExportCounter:
 
     Exports: the registry calls ``_dlpack_export`` makes for each export (``hold_managed`` and
     ``hold_capsule``, module globals it looks up at each call) are wrapped. Releases: the reaper calls the module's
-    ``_exports.forget_managed``, which is wrapped (and, in the compiled build, given to the capsule
-    destructor, which releases untaken capsules through it); the deleter that consumers call through the
+    ``_exports.forget_managed``, which is wrapped; in the compiled build the capsule destructor,
+    which releases untaken capsules through ``_exports.forget_unwatched``, is given a counting
+    wrapper of that; the deleter that consumers call through the
     managed struct's C function pointer binds the unwrapped one, so exports made from now on get a
     counting trampoline as their ``deleter`` (``_dlpack_export._DELETER_ADDRESS`` is swapped)
     that counts the call (``deleter``, and ``releases``) and forwards it to the deleter that was
@@ -50,7 +51,7 @@ class ExportCounter:
             itertools.count(),
         )
         hold_managed, hold_capsule = _dlpack_export.hold_managed, _dlpack_export.hold_capsule
-        release = _exports.forget_managed
+        release, forget_unwatched = _exports.forget_managed, _exports.forget_unwatched
         exports, releases, deleter_calls = self._exports, self._releases, self._deleter
         forward = DLPackDeleter(_dlpack_export._DELETER_ADDRESS)
 
@@ -66,6 +67,10 @@ class ExportCounter:
             next(releases)
             return release(address, *args)
 
+        def counted_unwatched_release(address: int, default: object) -> object:
+            next(releases)
+            return forget_unwatched(address, default)
+
         @DLPackDeleter
         def counted_deleter(address: int | None) -> None:
             next(deleter_calls)
@@ -79,7 +84,7 @@ class ExportCounter:
         _exports.forget_managed = counted_release
         if _dlpack_export._CAPSULE_DESTRUCTOR is not None:
             # Compiled: the capsules' C destructor releases through the callable it was given.
-            _capi.dlpack_capsule_destructor(counted_release)
+            _capi.dlpack_capsule_destructor(counted_unwatched_release)
         _dlpack_export._DELETER_ADDRESS = ctypes.cast(counted_deleter, ctypes.c_void_p).value
 
     @staticmethod
