@@ -134,7 +134,16 @@ def _written(versioned, address_and_block, ndim):
 def test_both_managed_struct_writers_write_the_same_struct(versioned, shape, strides):
     """Every field lands where dlpack.h puts it. The compiled build writes the struct from C, byte
     for byte what the pure-Python build packs with `struct`; both refuse a value past its field."""
-    fields = (versioned, (1, 3), 0xDE1E7E, 3, 2**64 - 1, 2, 2**31 - 1, 255, 255, 65535, 2**64 - 1)
+    fields = (
+        versioned,
+        (1, 3),
+        0xDE1E7E,
+        3,
+        2**64 - 1,
+        (2, 2**31 - 1),
+        (255, 255, 65535),
+        2**64 - 1,
+    )
     writers = [_dlpack_export._pack_managed]
     if _capi.new_managed is not None:  # the compiled build
         writers.append(_capi.new_managed)
@@ -155,6 +164,10 @@ def test_both_managed_struct_writers_write_the_same_struct(versioned, shape, str
     for writer in writers:
         with pytest.raises(OverflowError):
             writer(*fields[:4], 2**64, *fields[5:], shape, strides)  # data past 64 bits
+        with pytest.raises(OverflowError):
+            writer(*fields[:5], (2, 2**31), *fields[6:], shape, strides)  # device_id past int32
+        with pytest.raises(OverflowError):
+            writer(*fields[:6], (255, 256, 1), *fields[7:], shape, strides)  # bits past uint8
         with pytest.raises(OverflowError):
             writer(*fields, (*shape, 2**63), (*strides, 1))  # a dimension past int64
 

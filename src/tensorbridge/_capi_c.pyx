@@ -306,11 +306,8 @@ def new_managed(
     uintptr_t deleter,
     uint64_t flags,
     uintptr_t data,
-    int32_t device_type,
-    int32_t device_id,
-    uint8_t code,
-    uint8_t bits,
-    uint16_t lanes,
+    tuple device not None,
+    tuple dtype not None,
     uint64_t byte_offset,
     object shape,
     object strides,
@@ -318,8 +315,9 @@ def new_managed(
     """A ``DLManagedTensorVersioned`` (``versioned``; else a ``DLManagedTensor``, which has no
     ``version`` or ``flags``) with these fields, followed by its shape and strides, in one new block.
 
-    ``manager_ctx`` is the struct's own address; ``shape`` and ``strides`` are tuples (or
-    subclasses). Returns ``(address, block)``; the struct lives as long as the block.
+    ``device`` is ``(device_type, device_id)``, ``dtype`` ``(code, bits, lanes)``; ``manager_ctx``
+    is the struct's own address; ``shape`` and ``strides`` are tuples (or subclasses). Returns
+    ``(address, block)``; the struct lives as long as the block.
     `OverflowError` for a value its field cannot hold, `ValueError` when ``strides`` is not as long
     as ``shape``: nothing stays allocated then.
     """
@@ -335,6 +333,11 @@ def new_managed(
         raise OverflowError(f"new_managed(): {ndim} dimensions do not fit DLTensor.ndim")
     cdef uint32_t major = version[0]
     cdef uint32_t minor = version[1]
+    cdef int32_t device_type = device[0]
+    cdef int32_t device_id = device[1]
+    cdef uint8_t code = dtype[0]
+    cdef uint8_t bits = dtype[1]
+    cdef uint16_t lanes = dtype[2]
     cdef size_t header = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
     cdef ManagedBlock block = ManagedBlock.__new__(ManagedBlock)
     block.memory = PyMem_Malloc(header + 2 * sizeof(int64_t) * <size_t>ndim)

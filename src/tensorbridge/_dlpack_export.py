@@ -133,7 +133,8 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
     if copy is not None:
         copy = as_copy(copy, api)
     versioned = max_version is not None and _wants_versioned(max_version, api)
-    device = t._storage.device
+    storage = t._storage
+    device = storage.device
     if stream is not None:
         _check_stream(stream, device, api)
     if dl_device is not None:
@@ -149,7 +150,7 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
                 break
     if copied:
         t = _export_copy(t, copy, api)
-    elif t._storage.readonly and not versioned:
+    elif storage.readonly and not versioned:
         msg = (
             f"{api}(): cannot export a read-only tensor as an unversioned 'dltensor' capsule, "
             f"since signalling readonly is unsupported by DLPack before version 1.0. Call "
@@ -307,25 +308,23 @@ def _pack_managed(
     deleter: int,
     flags: int,
     data: int,
-    device_type: int,
-    device_id: int,
-    code: int,
-    bits: int,
-    lanes: int,
+    device: tuple[int, int],
+    dtype: tuple[int, int, int],
     byte_offset: int,
     shape: tuple[int, ...],
     strides: tuple[int, ...],
 ) -> tuple[int, Any]:
     """A ``DLManagedTensor(Versioned)`` with these fields (a legacy struct has no version or
-    flags), followed by its shape and strides, in one new ctypes block whose address is
-    ``manager_ctx``; returns ``(address, block)``. `OverflowError` for a value its field cannot
-    hold. The compiled build writes the same struct from C (`_capi.new_managed`)."""
+    flags; ``device`` is ``(device_type, device_id)``, ``dtype`` ``(code, bits, lanes)``),
+    followed by its shape and strides, in one new ctypes block whose address is ``manager_ctx``;
+    returns ``(address, block)``. `OverflowError` for a value its field cannot hold. The compiled
+    build writes the same struct from C (`_capi.new_managed`)."""
     ndim = len(shape)
     fmt, block_type, shape_at = _BLOCKS.get((versioned, ndim)) or _block_layout(versioned, ndim)
     block = block_type()
     address: int = ctypes.addressof(block)
     shape_p = address + shape_at
-    dltensor = (data, device_type, device_id, ndim, code, bits, lanes, shape_p, shape_p + 8 * ndim)
+    dltensor = (data, *device, ndim, *dtype, shape_p, shape_p + 8 * ndim)
     try:
         if versioned:
             fmt.pack_into(
@@ -376,22 +375,23 @@ def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool) -> tu
     storage = t._storage
     shape, strides = t._shape, t._strides
     dtype = t._dtype
-    code, bits, lanes = dtype.dlpack
-    dev_type, dev_id = device._dlpack  # device.to_dlpack(), without the method call
+    pair = device._dlpack  # device.to_dlpack(), without the method call
     if 0 in shape:
         data, byte_offset = 0, 0  # dlpack.h: NULL data for size-0 tensors
         strides = _idle_strides_in_int64(strides)
-    elif dev_type in ADDRESSABLE_TYPES:
-        data, byte_offset = storage.ptr + t._offset * dtype.itemsize, 0  # as NumPy and PyTorch do
     else:
-        data, byte_offset = storage.ptr, t._offset * dtype.itemsize  # a handle: no arithmetic
-    flags = (
-        DLPACK_FLAG_BITMASK_IS_COPIED
-        if copied
-        else DLPACK_FLAG_BITMASK_READ_ONLY
-        if storage.readonly
-        else 0
-    )
+        data, byte_offset = storage.ptr, t._offset
+        if byte_offset:
+            byte_offset *= dtype.itemsize
+            if pair[0] in ADDRESSABLE_TYPES:
+                data, byte_offset = data + byte_offset, 0  # as NumPy and PyTorch do
+            # else: ``data`` may be a handle, to which nothing may be added
+    flags = 0  # a legacy struct has no flags
+    if versioned:
+        if copied:
+            flags = DLPACK_FLAG_BITMASK_IS_COPIED
+        elif storage.readonly:
+            flags = DLPACK_FLAG_BITMASK_READ_ONLY
     try:
         return _write_managed(
             versioned,
@@ -399,11 +399,8 @@ def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool) -> tu
             _DELETER_ADDRESS,
             flags,
             data,
-            dev_type,
-            dev_id,
-            code,
-            bits,
-            lanes,
+            pair,
+            dtype.dlpack,
             byte_offset,
             shape,
             strides,
