@@ -60,6 +60,7 @@ from ._errors import short_repr
 from ._exports import hold_capsule, hold_managed
 
 if TYPE_CHECKING:
+    from ._storage import Storage
     from ._tensor import Tensor
 
 __all__ = ["dlpack_export", "exchange_export", "has_negative_stride"]
@@ -150,6 +151,7 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
                 break
     if copied:
         t = _export_copy(t, copy, api)
+        storage = t._storage
     elif storage.readonly and not versioned:
         msg = (
             f"{api}(): cannot export a read-only tensor as an unversioned 'dltensor' capsule, "
@@ -159,7 +161,7 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
         raise BufferError(msg)
     if stream is not None and stream > 2 and device.dlpack_type == DLDeviceType.kDLCUDA:
         _cuda_wait_on_legacy_stream(device.index or 0, stream, api)
-    return _new_capsule(t, device, versioned, copied)
+    return _new_capsule(t, storage, device, versioned, copied)
 
 
 def has_negative_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -350,10 +352,10 @@ def _pack_managed(
 _write_managed: Final[Callable[..., tuple[int, Any]]] = _capi.new_managed or _pack_managed
 
 
-def _new_capsule(t: Tensor, device: Device, versioned: bool, copied: bool) -> Any:
+def _new_capsule(t: Tensor, storage: Storage, device: Device, versioned: bool, copied: bool) -> Any:
     """Write the managed struct, shape and strides into one block; wrap it; register both."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
-    address, block = _new_managed(t, device, versioned, copied)
+    address, block = _new_managed(t, storage, device, versioned, copied)
     capsule = PyCapsule_New(address, name, _CAPSULE_DESTRUCTOR)
     if _CAPSULE_DESTRUCTOR is None:
         hold_capsule(address, block, t, name, capsule)
@@ -368,11 +370,12 @@ def _idle_strides_in_int64(strides: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(st if -(2**63) <= st < 2**63 else 0 for st in strides)
 
 
-def _new_managed(t: Tensor, device: Device, versioned: bool, copied: bool) -> tuple[int, Any]:
-    """Write a ``DLManagedTensor(Versioned)`` for ``t``, with its shape and strides, into one
-    block; return its address and the block, which the caller registers with ``t`` until
-    `_deleter` runs."""
-    storage = t._storage
+def _new_managed(
+    t: Tensor, storage: Storage, device: Device, versioned: bool, copied: bool
+) -> tuple[int, Any]:
+    """Write a ``DLManagedTensor(Versioned)`` for ``t`` (whose storage the caller has read), with
+    its shape and strides, into one block; return its address and the block, which the caller
+    registers with ``t`` until `_deleter` runs."""
     shape, strides = t._shape, t._strides
     dtype = t._dtype
     pair = device._dlpack  # device.to_dlpack(), without the method call
@@ -428,9 +431,10 @@ def exchange_export(t: Tensor, cls: type) -> Any:
     refusal is the framework's own.
     """
     exchange = exchange_api_of(cls)
-    if exchange is None or not t._storage.device.is_host_accessible:
+    storage = t._storage
+    if exchange is None or not storage.device.is_host_accessible:
         return None
-    address, block = _new_managed(t, t._storage.device, True, False)
+    address, block = _new_managed(t, storage, storage.device, True, False)
     hold_managed(address, block, t, DLTENSOR_VERSIONED)
     out = ctypes.c_void_p()
     try:
