@@ -5,6 +5,11 @@ Each function here has the signature, the result and the errors of the ctypes pr
 same job in `_capi`, which uses these when this module was compiled and ``TENSORBRIDGE_NO_EXTENSIONS``
 is not set. Only C-API mechanics live here: every rule about what the calls mean stays in the
 modules that make them. A ctypes call costs about 0.4 µs; these cost what a Python call does.
+
+One function writes memory rather than call the C-API: `new_managed` stores the fields of an
+exported DLPack managed struct that `_dlpack_export` has decided, as its pure-Python twin
+`_dlpack_export._pack_managed` packs them with `struct` (same arguments, same bytes, same
+`OverflowError`).
 """
 
 import sys
