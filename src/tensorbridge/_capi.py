@@ -31,6 +31,7 @@ __all__ = [
     "has_generic_getattr",
     "keep_forever",
     "new_managed",
+    "new_object",
     "steal",
 ]
 
@@ -89,6 +90,8 @@ else:
 # compiled only. A destructor written in Python (ctypes) cannot do that: Python code cannot run
 # with an exception set, nor return with one set again.
 GUARDED_DESTRUCTOR: Final = None if _direct is None else _direct.guarded_destructor_address()
+# `object.__new__(cls)`: compiled, a direct call of the C slot, with no argument tuple to parse.
+new_object: Final = object.__new__ if _direct is None else _direct.new_object
 # Writes a DLPack managed tensor with its shape and strides into one new block, from C: compiled
 # only (`_dlpack_export` packs the same struct with `struct` without it). See `_capi_c.new_managed`.
 new_managed: Final = None if _direct is None else _direct.new_managed

@@ -23,6 +23,7 @@ from cpython.pycapsule cimport (
     PyCapsule_SetName,
 )
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyTypeObject
 from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport strcmp
@@ -256,6 +257,12 @@ def dlpack_capsule_destructor(object release):
     global _dlpack_release
     _dlpack_release = release
     return <uintptr_t>&_release_unconsumed_dlpack
+
+
+def new_object(type cls not None):
+    """``object.__new__(cls)``, through ``object``'s own C slot: no argument tuple to build or
+    parse (``Tensor._new`` makes one per tensor)."""
+    return (<PyTypeObject*>object).tp_new(cls, <PyObject*>(), NULL)
 
 
 # The structs of dlpack.h v1.3 that an export writes. `_dlpack_abi` mirrors them in ctypes, field

@@ -18,6 +18,7 @@ from typing import Any, Final
 from . import (
     _arrow_export,
     _buffer_export,
+    _capi,
     _codec,
     _dlpack_export,
     _dtype,
@@ -40,7 +41,9 @@ from ._storage import Storage, allocate, check_view
 
 __all__ = ["Tensor"]
 
-_new_object = object.__new__  # bound once: `Tensor._new` runs on every import and view
+# `object.__new__`, bound once (`Tensor._new` runs on every import and view); compiled, a direct
+# call of its C slot.
+_new_object = _capi.new_object
 
 
 class Tensor:
