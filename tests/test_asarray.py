@@ -10,6 +10,7 @@ import array
 import ctypes
 import gc
 import struct
+import weakref
 from typing import Any, ClassVar
 
 import pytest
@@ -298,10 +299,10 @@ def test_a_type_is_probed_once_and_answers_the_same():
 
     for _ in range(3):
         a = np.arange(3, dtype=np.int16)
-        assert _convert._dispatch(a)[0] == "dlpack"
+        assert _convert._dispatch(a)[0] == "ndarray"
         t = tb.asarray(a)
         assert t.data_ptr() == a.ctypes.data and t.tolist() == [0, 1, 2]
-    assert _convert._PATHS_BY_TYPE[np.ndarray] == ("dlpack", None)
+    assert _convert._PATHS_BY_TYPE[np.ndarray] == ("ndarray", None)
     b = np.arange(4, dtype=np.uint8)
     for obj in (_Slotted(b), _Slotted(b)):
         t = tb.asarray(obj)
@@ -605,6 +606,140 @@ def test_numpy_readonly_stays_readonly():
     assert tb.asarray(a).is_readonly
 
 
+NUMPY_BUFFER_DTYPES = [
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
+
+
+@pytest.mark.parametrize("name", NUMPY_BUFFER_DTYPES)
+def test_numpy_array_is_read_through_its_buffer(name):
+    """A NumPy array of each dtype a buffer format names takes the "ndarray" path and gives what
+    DLPack gives: its dtype, pointer, shape, strides and values, shared both ways."""
+    a = (np.arange(12) % 3).astype(name).reshape(3, 4)[:, ::2]
+    t, via_dlpack = tb.asarray(a), tb.from_dlpack(a)
+    assert _dispatch_path(a) == "ndarray"
+    assert t.dtype is via_dlpack.dtype is getattr(tb, name)
+    assert (t.data_ptr(), t.shape, t.stride()) == (a.ctypes.data, (3, 2), (4, 2))
+    assert t.tolist() == a.tolist() and not t.is_readonly
+    a[2, 1] = a[0, 1]
+    assert t.tolist() == a.tolist()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.array(7, dtype=np.int16),
+        lambda: np.zeros((0, 3), dtype=np.float32),
+        lambda: np.broadcast_to(np.arange(3.0), (4, 3)),
+        lambda: np.frombuffer(bytearray(13), dtype=np.int32, offset=1),
+        lambda: np.arange(24, dtype=np.int64).reshape(2, 3, 4).transpose(2, 0, 1)[::-1],
+        lambda: np.arange(4.0)[None],
+        lambda: np.arange(10)[::5][:1],
+        lambda: np.broadcast_to(np.arange(3.0), (1, 3)),
+    ],
+    ids=[
+        "0-d",
+        "empty",
+        "broadcast",
+        "unaligned",
+        "permuted_reversed",
+        "new_axis",
+        "one_of_a_step",
+        "broadcast_1",
+    ],
+)
+def test_numpy_layouts_through_the_buffer(make):
+    """0-d, empty, broadcast (stride 0, read-only), unaligned and permuted arrays import as they
+    are, with NumPy's own strides: also for dimensions of size 0 or 1, which NumPy's buffer
+    rewrites (``np.arange(4.0)[None]`` has strides (0, 8), its buffer (32, 8))."""
+    a = make()
+    t = tb.asarray(a)
+    assert t.shape == a.shape and t.tolist() == a.tolist()
+    assert t.stride() == tuple(s // a.itemsize for s in a.strides)
+    assert t.is_readonly is (not a.flags.writeable)
+    if a.size:
+        assert t.data_ptr() == a.ctypes.data
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.array(["2024-01-01", "2024-06-01"], dtype="datetime64[D]"),
+        lambda: np.zeros(3, dtype=[("x", "<i4"), ("y", "<f8")]),
+        lambda: np.arange(4, dtype=">i4"),
+        lambda: np.array([1, "a"], dtype=object),
+        lambda: np.zeros(2, dtype=np.longdouble),
+        lambda: np.zeros(3, dtype=[("x", "<i4"), ("y", "<f4")])["y"],
+    ],
+    ids=["datetime", "record", "big_endian", "object", "longdouble", "record_field"],
+)
+def test_numpy_arrays_the_buffer_cannot_describe_take_dlpack(make):
+    """Where the buffer cannot say what an array holds, `asarray` gives exactly what its DLPack
+    path gives (the same tensor, or the same refusal)."""
+    from tensorbridge import _convert
+
+    a = make()
+
+    def outcome(convert):
+        try:
+            t = convert()
+        except Exception as exc:  # the refusal itself is what is compared
+            return type(exc), str(exc)
+        return t.dtype, t.shape, t.stride(), t.data_ptr(), t.tolist()
+
+    assert outcome(lambda: tb.asarray(a)) == outcome(
+        lambda: _convert._import("dlpack", a, None, None, None, None, "asarray")[0]
+    )
+
+
+def test_numpy_array_stays_alive_while_a_view_does():
+    """The tensor keeps the array (its buffer export) alive; the last view's death releases it."""
+    a = np.arange(5.0)
+    ref = weakref.ref(a)
+    t = tb.asarray(a)[1:]
+    del a
+    gc.collect()
+    assert ref() is not None and t.tolist() == [1.0, 2.0, 3.0, 4.0]
+    del t
+    gc.collect()
+    assert ref() is None
+
+
+def test_numpy_array_copy_and_device_requests():
+    """``copy=True`` gives a private writable copy, also of a read-only array; ``device`` and
+    ``copy=False`` are honoured as on every other path."""
+    a = np.arange(4, dtype=np.int32)
+    a.flags.writeable = False
+    c = tb.asarray(a, copy=True)
+    assert c.data_ptr() != a.ctypes.data and not c.is_readonly and c.tolist() == [0, 1, 2, 3]
+    same = tb.asarray(a, device="cpu", copy=False)
+    assert same.data_ptr() == a.ctypes.data and same.is_readonly
+
+
+def test_numpy_subclasses_take_dlpack():
+    """Only ``numpy.ndarray`` itself is read through its buffer: a subclass may export otherwise."""
+
+    class Sub(np.ndarray):
+        pass
+
+    s = np.arange(3).view(Sub)
+    assert _dispatch_path(s) == "dlpack"
+    assert tb.asarray(s).tolist() == [0, 1, 2]
+
+
 def test_numpy_scalar():
     """A NumPy scalar imports as a 0-d tensor through its array interface."""
     t = tb.asarray(np.float64(1.25))
@@ -658,6 +793,63 @@ def _crafted_buffer(memory: ctypes.Array, shape: tuple[int, ...], length: int) -
 
 
 _KEEP: list[Any] = []
+
+
+def _strided_exporter() -> Any:
+    return np.arange(12, dtype=np.int32).reshape(3, 4)[::-1, ::2]
+
+
+def _indirect_exporter() -> memoryview:
+    """A crafted 1-D exporter with a non-negative suboffset (a PIL-style array of pointers)."""
+    from tensorbridge import _capi
+
+    memory = (ctypes.c_int32 * 4)()
+    view = _capi.Py_buffer()
+    view.buf = ctypes.addressof(memory)
+    view.len, view.itemsize, view.readonly, view.ndim, view.format = 16, 4, 1, 1, b"i"
+    dims = (ctypes.c_ssize_t * 3)(4, 4, 0)
+    view.shape = ctypes.cast(ctypes.addressof(dims), ctypes.POINTER(ctypes.c_ssize_t))
+    view.strides = ctypes.cast(ctypes.addressof(dims) + 8, ctypes.POINTER(ctypes.c_ssize_t))
+    view.suboffsets = ctypes.cast(ctypes.addressof(dims) + 16, ctypes.POINTER(ctypes.c_ssize_t))
+    exporter = _capi.PyMemoryView_FromBuffer(view)
+    _KEEP.append((memory, dims))
+    return exporter
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (_strided_exporter, (b"i", 4, 2, (3, 2), (-16, 8), False, False)),
+        (lambda: array.array("d", [1.0, 2.0]), (b"d", 8, 1, (2,), (8,), False, True)),
+        (lambda: b"abc", (b"B", 1, 1, (3,), (1,), False, True)),
+        (
+            lambda: np.arange(6.0).reshape(2, 3)[:, None],
+            (b"d", 8, 3, (2, 1, 3), (24, 24, 8), False, True),
+        ),
+        (_indirect_exporter, (b"i", 4, 1, (4,), (4,), True, False)),
+    ],
+    ids=["strided", "array", "bytes", "unit_dimension", "indirect"],
+)
+def test_both_buffer_readers_read_the_same_fields(make, expected):
+    """The compiled build reads a held buffer's layout from C, field for field what the
+    pure-Python build reads from the ctypes ``Py_buffer``."""
+    from tensorbridge import _capi
+
+    obj = make()
+    readers = [(_capi.Py_buffer, _capi._get_buffer, _capi._describe_buffer)]
+    if _capi._direct is not None:  # the compiled build
+        direct = _capi._direct
+        readers.append((direct.BufferView, direct.get_buffer, direct.describe_buffer))
+    for new_view, get_buffer, describe_buffer in readers:
+        view = new_view()
+        get_buffer(obj, view, _capi.PY_BUF_FULL_RO)
+        assert describe_buffer(view) == expected
+
+
+def test_buffer_with_suboffsets_is_refused():
+    """An indirect (PIL-style) buffer cannot be a strided tensor: BufferError naming suboffsets."""
+    with pytest.raises(BufferError, match=r"asarray\(\): the buffer of memoryview uses suboffsets"):
+        tb.asarray(_indirect_exporter())
 
 
 @pytest.mark.parametrize(("shape", "length"), [((32,), 64), ((2, 8), 32), ((4,), 32), ((), 8)])

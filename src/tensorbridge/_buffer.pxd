@@ -1,4 +1,7 @@
 # C declarations for the compiled build, read by Cython beside _buffer.py: `frombuffer` calls its
-# own steps as C functions (each stays callable from Python).
+# own steps as C functions, as does `asarray` for a described buffer (each stays callable from Python).
 cpdef _acquire(obj, api)
 cpdef _element_count(length, count, offset, itemsize)
+cpdef _described(obj, api, numpy=*)
+cpdef tuple _odd_shape(obj, ndim, shape, count, api)
+cpdef tuple _element_strides(byte_strides, itemsize, api)

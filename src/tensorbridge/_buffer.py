@@ -18,18 +18,22 @@ from typing import Any, Final
 
 from . import _capi, _layout
 from ._args import GRAD_MSG_CREATE, as_bool, as_int
+from ._capi import PY_BUF_FULL_RO, describe_buffer
 from ._device import CPU
 from ._dtype import DType, as_dtype, from_format, uint8
-from ._interfaces import wrap_memory
+from ._interfaces import memory_refused
 from ._storage import (
     READONLY_REQUEST,
     WRITABLE_REQUEST,
     BufferStorage,
-    hold_buffer,
+    Storage,
+    locate,
+    refusal_of,
+    refused,
 )
 from ._tensor import Tensor, new_tensor
 
-__all__ = ["frombuffer", "import_buffer"]
+__all__ = ["frombuffer", "import_buffer", "import_ndarray"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -183,7 +187,9 @@ def import_buffer(obj: Any, api: str) -> Tensor:
     if type(obj) in _BYTE_STRINGS:
         storage = _acquire(obj, api)
         return new_tensor(storage, 0, (storage.nbytes,), (1,), uint8, api, checked=True)
-    return _described(obj, api)
+    t = _described(obj, api)
+    assert t is not None  # None only for numpy=True
+    return t
 
 
 def _buffer_dtype(fmt: str, api: str) -> DType:
@@ -214,10 +220,11 @@ def _buffer_dtype(fmt: str, api: str) -> DType:
 # The dtype of each buffer format met so far (the bytes of ``Py_buffer.format``, None meaning 'B').
 # Only formats that name a dtype are kept, so the table stays as small as the set of valid formats.
 _FORMAT_DTYPES: Final[dict[bytes | None, DType]] = {}
+_known_format: Final = _FORMAT_DTYPES.get  # bound once: a method lookup costs as much as the call
 
 
 def _format_dtype(fmt: bytes | None, api: str) -> DType:
-    dtype = _FORMAT_DTYPES.get(fmt)
+    dtype = _known_format(fmt)
     if dtype is None:
         dtype = _FORMAT_DTYPES[fmt] = _buffer_dtype(
             fmt.decode("ascii", "replace") if fmt else "B", api
@@ -225,76 +232,137 @@ def _format_dtype(fmt: bytes | None, api: str) -> DType:
     return dtype
 
 
-def _described(obj: Any, api: str) -> Tensor:
+_UNIT_STRIDE: Final[tuple[int, ...]] = (1,)
+
+
+def _described(obj: Any, api: str, numpy: bool = False) -> Tensor | None:
     """A tensor over a buffer as its exporter describes it (format, shape, strides, readonly).
 
     The export stays held (``PyBuffer_Release`` when the last view dies), so the exporter cannot be
-    resized or closed meanwhile.
+    resized or closed meanwhile. A layout that covers the whole buffer (any contiguous one) has the
+    held export itself as its storage; a strided one, a storage over the bytes it reaches.
+
+    ``numpy``: the exporter is a NumPy array, which rewrites the strides of a dimension of size 0 or
+    1 in its buffer (any value is valid there, and NumPy's own may be 0 or a step of a parent
+    view): None then, so that the caller reads NumPy's own strides through DLPack.
     """
-    held, view = hold_buffer(obj, _capi.PY_BUF_FULL_RO)
-    ndim = view.ndim
-    if view.suboffsets and any(s >= 0 for s in view.suboffsets[:ndim]):
+    held = BufferStorage(obj, PY_BUF_FULL_RO)
+    fmt, view_itemsize, ndim, shape, byte_strides, indirect, contiguous = describe_buffer(held.view)
+    if indirect:
         msg = (
             f"{api}(): the buffer of {type(obj).__name__} uses suboffsets (PIL-style indirect "
             f"arrays), which tensors cannot describe. Copy it into a contiguous buffer first."
         )
         raise BufferError(msg)
-    dtype = _format_dtype(view.format, api)
+    dtype = _known_format(fmt)
+    if dtype is None:
+        dtype = _format_dtype(fmt, api)
     itemsize = dtype.itemsize
-    if view.itemsize != itemsize:
+    if view_itemsize != itemsize:
         msg = (
-            f"{api}(): the buffer's itemsize {view.itemsize} does not match its format "
-            f"{view.format!r} ({itemsize} bytes); the exporter is malformed."
+            f"{api}(): the buffer's itemsize {view_itemsize} does not match its format "
+            f"{fmt!r} ({itemsize} bytes); the exporter is malformed."
         )
         raise BufferError(msg)
-    shape: tuple[int, ...]
-    if not ndim:
-        shape = ()
-    elif view.shape:
-        shape = tuple(view.shape[:ndim])
-    elif ndim == 1:  # shape NULL: one dimension of len bytes (the buffer protocol's rule)
-        shape = (view.len // itemsize,)
-    else:
-        msg = f"{api}(): the buffer of {type(obj).__name__} has {ndim} dimensions but no shape."
-        raise BufferError(msg)
-    if math.prod(shape) * itemsize != view.len:
+    length = held.nbytes
+    if ndim != 1 or shape is None:
+        shape = _odd_shape(obj, ndim, shape, length // itemsize, api)
+    numel = 1
+    for size in shape:
+        if size <= 1:
+            if numpy:
+                return None
+            if size < 0:
+                numel = -1  # no valid shape has a negative size
+                break
+        numel *= size
+    if numel * itemsize != length:
         # ``len`` is the size of the data copied contiguously, whatever the strides; a shape that
         # claims more elements would read past the exporter's memory, one that claims fewer
         # would hide some: either way the exporter is inconsistent, and neither field is trusted.
         msg = (
             f"{api}(): the buffer of {type(obj).__name__} is malformed: its shape {list(shape)} "
             f"of {itemsize}-byte items needs {math.prod(shape) * itemsize} bytes, but its len "
-            f"is {view.len}. Fix the exporter, or read the bytes with "
+            f"is {length}. Fix the exporter, or read the bytes with "
             f"tensorbridge.frombuffer(obj, dtype=...)."
         )
         raise BufferError(msg)
-    if view.strides:
-        byte_strides = view.strides[:ndim]
-        if itemsize == 1:
-            strides = tuple(byte_strides)
-        elif any(s % itemsize for s in byte_strides):
+    if contiguous and ndim == 1:
+        strides = _UNIT_STRIDE  # the one row-major stride (a single item's may be any)
+    elif byte_strides is None:
+        strides = _layout.contiguous_strides(shape)
+    else:
+        strides = _element_strides(byte_strides, itemsize, api)
+    buf = held.ptr
+    if contiguous and (buf or not numel):
+        # The items fill the buffer's own ``[buf, buf + len)``, as in `frombuffer`.
+        return new_tensor(held, 0, shape, strides, dtype, api, False, checked=True)
+    # The exporter vouches for its strides; ``len`` is the logical size, not the extent of a
+    # strided view, so it bounds the element count (checked above) but not the strides.
+    try:
+        start, nbytes, offset = locate(buf, None, 0, shape, strides, itemsize, api, refused)
+    except BufferError as exc:
+        refusal = refusal_of(exc)
+        if refusal is None:
+            raise
+        del held  # release the export now, not when the traceback's frames die
+        raise memory_refused(refusal, dtype) from None
+    if start != buf or nbytes != length:
+        return new_tensor(
+            Storage(start, nbytes, CPU, held.readonly, held),
+            offset,
+            shape,
+            strides,
+            dtype,
+            api,
+            False,
+            checked=True,
+        )
+    return new_tensor(held, offset, shape, strides, dtype, api, False, checked=True)
+
+
+def _odd_shape(
+    obj: Any, ndim: int, shape: tuple[int, ...] | None, count: int, api: str
+) -> tuple[int, ...]:
+    """The shape of a buffer that is not a described single dimension: ``()`` for 0-d, ``count``
+    items for a 1-D buffer with no shape (the protocol's rule), else the exporter's own."""
+    if not ndim:
+        return ()
+    if shape is not None:
+        return shape
+    if ndim == 1:
+        return (count,)
+    msg = f"{api}(): the buffer of {type(obj).__name__} has {ndim} dimensions but no shape."
+    raise BufferError(msg)
+
+
+def _element_strides(byte_strides: tuple[int, ...], itemsize: int, api: str) -> tuple[int, ...]:
+    """A buffer's strides in items; `BufferError` unless each is a whole number of them."""
+    if itemsize == 1:
+        return byte_strides
+    elements = []
+    for stride in byte_strides:
+        if stride % itemsize:
             msg = (
                 f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
                 f"itemsize ({itemsize}); tensor strides count whole elements."
             )
             raise BufferError(msg)
-        else:
-            strides = tuple(s // itemsize for s in byte_strides)
-    else:
-        strides = _layout.contiguous_strides(shape)
-    # The exporter vouches for its strides; ``len`` is the logical size, not the extent of a
-    # strided view, so it bounds the element count (checked above) but not the strides.
-    return wrap_memory(
-        view.buf or 0,
-        0,
-        shape,
-        strides,
-        dtype,
-        device=CPU,
-        readonly=bool(view.readonly),
-        owner=held,
-        api=api,
-    )
+        elements.append(stride // itemsize)
+    return tuple(elements)
+
+
+def import_ndarray(obj: Any, api: str) -> Tensor | None:
+    """A NumPy array read through its buffer (format, shape, strides, read-only), as PyTorch reads
+    one through NumPy's own C API; None when the buffer cannot describe it exactly (a dtype no
+    buffer format names, such as datetimes or structured records; non-native byte order; strides
+    that are not whole elements; a dimension of size 0 or 1, whose stride the buffer rewrites). The
+    caller then asks DLPack, whose answer or refusal is `asarray`'s.
+    """
+    try:
+        return _described(obj, api, True)
+    except Exception:  # the buffer cannot say it; DLPack decides
+        return None
 
 
 # Pickles written by earlier versions name this module's ``_rebuild_tensor``.

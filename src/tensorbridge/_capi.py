@@ -26,6 +26,7 @@ __all__ = [
     "PyObject_GetBuffer",
     "Py_buffer",
     "VoidFunction",
+    "describe_buffer",
     "dlpack_capsule_destructor",
     "get_buffer",
     "has_generic_getattr",
@@ -173,12 +174,40 @@ def _get_buffer(obj: object, view: Py_buffer, flags: int) -> tuple[int, int, boo
     return view.buf or 0, view.len, view.readonly != 0
 
 
+# ``describe_buffer(view)``: the held buffer's layout, ``(format, itemsize, ndim, shape, strides,
+# indirect, contiguous)``: ``format`` bytes or None, ``shape``/``strides`` tuples of ``ndim`` ints or
+# None for NULL, ``indirect`` whether a suboffset is non-negative, ``contiguous`` whether the items
+# fill ``[buf, buf + len)`` in row-major order (``PyBuffer_IsContiguous(view, 'C')``). One call,
+# where field reads cost one each.
+_PyBuffer_IsContiguous: Final = _bind(
+    "PyBuffer_IsContiguous", _int, ctypes.POINTER(Py_buffer), ctypes.c_char
+)
+
+
+def _describe_buffer(
+    view: Py_buffer,
+) -> tuple[bytes | None, int, int, tuple[int, ...] | None, tuple[int, ...] | None, bool, bool]:
+    ndim = view.ndim
+    suboffsets = view.suboffsets
+    return (
+        view.format,
+        view.itemsize,
+        ndim,
+        tuple(view.shape[:ndim]) if view.shape else None,
+        tuple(view.strides[:ndim]) if view.strides else None,
+        bool(suboffsets) and any(suboffsets[i] >= 0 for i in range(ndim)),
+        _PyBuffer_IsContiguous(view, b"C") == 1,
+    )
+
+
 BufferView: Any
 get_buffer: Any
+describe_buffer: Any
 if _direct is None:
-    BufferView, get_buffer = Py_buffer, _get_buffer
+    BufferView, get_buffer, describe_buffer = Py_buffer, _get_buffer, _describe_buffer
 else:
     BufferView, get_buffer = _direct.BufferView, _direct.get_buffer
+    describe_buffer = _direct.describe_buffer
 
 
 # ``PyType_GetSlot(cls, Py_tp_getattro)`` (Include/typeslots.h) against the generic lookup: a type

@@ -14,7 +14,7 @@ exported DLPack managed struct that `_dlpack_export` has decided, as its pure-Py
 
 import sys
 
-from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
 from cpython.pycapsule cimport (
     PyCapsule_Destructor,
     PyCapsule_GetPointer,
@@ -24,7 +24,8 @@ from cpython.pycapsule cimport (
 )
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyTypeObject
-from cpython.ref cimport PyObject
+from cpython.ref cimport Py_INCREF, PyObject
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport strcmp
 
@@ -85,7 +86,17 @@ cdef object _is_finalizing = sys.is_finalizing
 
 
 cdef tuple _ssize_tuple(Py_ssize_t* values, int ndim):
-    return None if values == NULL else tuple([values[i] for i in range(ndim)])
+    # ``ndim`` C integers as a tuple of ints; None for NULL.
+    if values == NULL:
+        return None
+    cdef tuple out = PyTuple_New(ndim)
+    cdef int i
+    cdef object item
+    for i in range(ndim):
+        item = values[i]
+        Py_INCREF(item)  # PyTuple_SET_ITEM steals the reference the tuple keeps
+        PyTuple_SET_ITEM(out, i, item)
+    return out
 
 
 cdef class BufferView:
@@ -157,6 +168,30 @@ def get_buffer(object obj, BufferView view not None, int flags):
     PyObject_GetBuffer(obj, &view.view, flags)
     view.held = True
     return <uintptr_t>view.view.buf, view.view.len, view.view.readonly != 0
+
+
+def describe_buffer(BufferView view not None):
+    """The layout fields of the buffer ``view`` holds, in one call: ``(format, itemsize, ndim,
+    shape, strides, indirect, contiguous)``. ``format`` is bytes or None; ``shape`` and ``strides``
+    are tuples of ``ndim`` ints, or None for NULL; ``indirect`` is True when a suboffset is
+    non-negative (a PIL-style array of pointers); ``contiguous`` is ``PyBuffer_IsContiguous(view,
+    'C')``: the items fill ``[buf, buf + len)`` in row-major order."""
+    cdef Py_buffer* b = &view.view
+    cdef int i
+    cdef bint indirect = False
+    if b.suboffsets != NULL:
+        for i in range(b.ndim):
+            if b.suboffsets[i] >= 0:
+                indirect = True
+    return (
+        None if b.format == NULL else <bytes>b.format,
+        b.itemsize,
+        b.ndim,
+        _ssize_tuple(b.shape, b.ndim),
+        _ssize_tuple(b.strides, b.ndim),
+        indirect,
+        PyBuffer_IsContiguous(b, b'C') == 1,
+    )
 
 
 cdef extern from "Python.h":

@@ -9,6 +9,7 @@ path                        taken for
 ``"dlpack_capsule"``        a ``"dltensor"`` / ``"dltensor_versioned"`` PyCapsule (`from_dlpack`)
 ``"arrow"``                 ``__arrow_c_array__`` (pyarrow arrays, nanoarrow, ...)
 ``"arrow_stream"``          ``__arrow_c_stream__`` (pyarrow ChunkedArray, polars Series, ...)
+``"ndarray"``               a ``numpy.ndarray`` (exactly that type): its buffer, else ``"dlpack"``
 ``"dlpack"``                ``__dlpack__`` (NumPy, PyTorch, JAX, CuPy, ...; `from_dlpack`)
 ``"cuda_array_interface"``  ``__cuda_array_interface__`` (Numba, CuPy, ...)
 ``"array_interface"``       ``__array_interface__``
@@ -20,6 +21,12 @@ A producer that refuses ``__dlpack__`` with a `BufferError` (NumPy before 2.1 re
 broadcast arrays) is read through the next protocol in the table that it offers; when that fails too,
 its refusal is raised.
 
+A NumPy array is read through its buffer (format, shape, strides, read-only: everything its
+``__dlpack__`` would say of host memory), as PyTorch reads one through NumPy's C API: one C call
+instead of a capsule round trip. When the buffer cannot describe it (datetimes, records, non-native
+byte order, strides that are not whole elements), or ``device`` or ``copy=True`` is asked, it takes
+the ``"dlpack"`` path, so every refusal is the one DLPack gives.
+
 Arrow comes before DLPack because the Arrow C data interface describes Arrow memory exactly (immutable,
 with validity bitmaps and bit-packed booleans) while DLPack from an Arrow producer is a derived view
 that cannot carry booleans. DLPack comes before the array interfaces because it is the standard and
@@ -29,12 +36,13 @@ negotiates device, stream, copy and read-only itself.
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
 from . import _capi, _creation, _dlpack, _interfaces, _layout, _tensor
 from ._args import as_copy, as_int
-from ._buffer import import_buffer
+from ._buffer import import_buffer, import_ndarray
 from ._cache import remember
 from ._device import Device, as_device
 from ._dtype import DType, as_dtype
@@ -49,6 +57,7 @@ _TENSOR: Final = "tensor"
 _CAPSULE: Final = "dlpack_capsule"
 _ARROW: Final = "arrow"
 _ARROW_STREAM: Final = "arrow_stream"
+_NDARRAY: Final = "ndarray"
 _DLPACK: Final = "dlpack"
 _CUDA_ARRAY_INTERFACE: Final = "cuda_array_interface"
 _ARRAY_INTERFACE: Final = "array_interface"
@@ -68,7 +77,7 @@ _BY_ATTRIBUTE: Final = (
 # DLPack path calls `from_dlpack` on the object itself.
 _VALUE_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _CUDA_ARRAY_INTERFACE, _ARRAY_INTERFACE})
 # Protocols an instance attribute cannot take from its type: methods, looked up on the type.
-_METHOD_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _DLPACK})
+_METHOD_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _NDARRAY, _DLPACK})
 
 # The path of each type whose instances all take the same one, and the attribute `_import` then
 # reads: `asarray` probes a type once, as `from_dlpack` does. Seeded with the built-in types
@@ -80,6 +89,8 @@ _PATHS_BY_TYPE: Final[dict[type, tuple[str, str | None]]] = {
     Tensor: (_TENSOR, None),
     _capi.CapsuleType: (_CAPSULE, None),
 }
+# The table's ``get``, bound once: looking a method up costs each call as much as calling it.
+_known_path: Final = _PATHS_BY_TYPE.get
 
 
 def _dispatch(obj: Any) -> tuple[str, Any]:
@@ -88,7 +99,7 @@ def _dispatch(obj: Any) -> tuple[str, Any]:
     One table lookup for a type seen before (an interface property is then read once, its value
     handed on); `_probe` for the others.
     """
-    known = _PATHS_BY_TYPE.get(type(obj))
+    known = _known_path(type(obj))
     if known is not None:
         path, attribute = known
         if attribute is None:
@@ -119,9 +130,18 @@ def _probe(obj: Any) -> tuple[str, Any]:
                 path = _BUFFER
             else:
                 path = _SCALAR if isinstance(obj, numbers.Number) else _SEQUENCE
+        if path is _DLPACK and _is_ndarray(cls):
+            path = _NDARRAY
     if _type_decides(cls, path, attribute):
         remember(_PATHS_BY_TYPE, cls, (path, attribute if path in _VALUE_PATHS else None))
     return path, value
+
+
+def _is_ndarray(cls: type) -> bool:
+    """Whether ``cls`` is ``numpy.ndarray`` itself (a subclass may export differently); NumPy is
+    imported already when one of its arrays exists."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and cls is getattr(numpy, "ndarray", None)
 
 
 def _type_decides(cls: type, path: str, attribute: str | None) -> bool:
@@ -200,6 +220,12 @@ def _import(
     which its array interface and buffer serve) is read through the next protocol it offers; when
     that fails too, the producer's refusal is raised.
     """
+    if path is _NDARRAY:
+        if device is None and copy is not True:
+            t = import_ndarray(obj, api)
+            if t is not None:
+                return t, False
+        path = _DLPACK
     if path is _DLPACK:
         # The producer makes the copy for copy=True, unless a dtype change will copy anyway.
         producer_copies = copy is True and dtype is None
@@ -290,7 +316,9 @@ def asarray(
     speaks several protocols the first applicable one in this order is used: Tensor, DLPack capsule,
     ``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``, ``__cuda_array_interface__``,
     ``__array_interface__``, buffer protocol, sequence/scalar. A producer refusing ``__dlpack__``
-    (`BufferError`) is read through the next of these it offers.
+    (`BufferError`) is read through the next of these it offers. A ``numpy.ndarray`` is read through
+    its buffer when that describes it (as PyTorch reads it through NumPy's C API), else through
+    ``__dlpack__``.
 
     Args:
         obj: what to convert.

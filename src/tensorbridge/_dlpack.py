@@ -65,7 +65,7 @@ from ._dlpack_c import (
 from ._dlpack_export import _export
 from ._errors import NotDLPackError, short_repr
 from ._layout import MAX_NDIM, contiguous_strides
-from ._storage import DLPackStorage, Refusal, Storage, locate
+from ._storage import DLPackStorage, Storage, locate, refusal_of, refused
 from ._tensor import Tensor, new_tensor
 
 __all__ = ["from_dlpack", "to_dlpack"]
@@ -564,13 +564,13 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
             strides,
             itemsize,
             "from_dlpack",
-            _refused,
+            refused,
             sized=False,
             anchored=not addressable,
         )
-    except BufferError as refused:
-        refusal = refused.args[0] if refused.args else None
-        if not isinstance(refusal, Refusal):
+    except BufferError as exc:
+        refusal = refusal_of(exc)
+        if refusal is None:
             raise
         if refusal.kind == "outside":  # only anchored layouts are refused for this
             raise _handle_offset(byte_offset, itemsize, device) from None
@@ -582,12 +582,6 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
         raise BufferError(msg) from None
     storage = DLPackStorage(start, nbytes, device, readonly, copied, managed)
     return new_tensor(storage, offset, shape, strides, dtype, "from_dlpack", checked=True)
-
-
-def _refused(refusal: Refusal) -> BufferError:
-    """A placeholder carrying `_storage.locate`'s refusal; `_tensor` words the error itself (its
-    message needs the DLTensor's own fields, and a closure would cost every import)."""
-    return BufferError(refusal)
 
 
 def _shape_and_strides(

@@ -40,7 +40,7 @@ from ._arrow_abi import ArrowRelease as _ArrowRelease
 from ._device import CPU, Device
 from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
 from ._errors import short_repr
-from ._storage import Refusal, hold_buffer, wrap
+from ._storage import Refusal, hold_buffer, refusal_of, refused, wrap
 from ._tensor import Tensor, _from_bytes, new_tensor
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "import_arrow_array",
     "import_arrow_stream",
     "import_cuda_array_interface",
+    "memory_refused",
     "wrap_memory",
 ]
 
@@ -77,24 +78,31 @@ def wrap_memory(
     Refused: a NULL pointer with elements, sizes whose bytes overflow ``Py_ssize_t``, and addresses outside
     the platform's pointer range. Nothing is read: the memory may live on a device.
     """
-    storage, element_offset = wrap(
-        ptr,
-        nbytes,
-        device,
-        readonly,
-        owner,
-        offset,
-        shape,
-        strides,
-        dtype.itemsize,
-        api,
-        lambda refusal: _memory_refused(refusal, dtype),
-    )
+    try:
+        storage, element_offset = wrap(
+            ptr,
+            nbytes,
+            device,
+            readonly,
+            owner,
+            offset,
+            shape,
+            strides,
+            dtype.itemsize,
+            api,
+            refused,
+        )
+    except BufferError as exc:
+        refusal = refusal_of(exc)
+        if refusal is None:
+            raise
+        raise memory_refused(refusal, dtype) from None
     return new_tensor(storage, element_offset, shape, strides, dtype, api, checked=True)
 
 
-def _memory_refused(r: Refusal, dtype: DType) -> ValueError:
-    """`wrap_memory`'s words for each reason `_storage.locate` refuses a layout."""
+def memory_refused(r: Refusal, dtype: DType) -> ValueError:
+    """The words of `wrap_memory` (and the buffer import) for each reason `_storage.locate` refuses
+    a layout."""
     shape, strides = list(r.shape), list(r.strides)
     if r.kind == "numel":
         msg = (

@@ -246,6 +246,20 @@ def locate(
     return start, stop - start, offset - low if not anchored else offset
 
 
+def refused(refusal: Refusal) -> BufferError:
+    """`locate`'s ``fail`` for a caller that words the error itself, once it has caught it: a
+    `BufferError` carrying the `Refusal` (read back with `refusal_of`). A closure binding the
+    caller's words would cost every call, refused or not."""
+    return BufferError(refusal)
+
+
+def refusal_of(exc: BaseException) -> Refusal | None:
+    """The `Refusal` an error made by `refused` carries; None for any other error."""
+    args = exc.args
+    refusal = args[0] if len(args) == 1 else None
+    return refusal if isinstance(refusal, Refusal) else None
+
+
 def check_view(
     storage: Storage,
     offset: int,
