@@ -93,6 +93,9 @@ _CapsuleType: Final = _capi.CapsuleType
 # Producer deleters are called through one ctypes function object per address (NumPy and PyTorch
 # each use one deleter for all their tensors).
 _DELETERS: dict[int, Any] = {}
+# The tables' ``get``, bound once (also `_producer_of` below): looking a method up costs each call
+# as much as calling it.
+_deleter_of: Final = _DELETERS.get
 
 
 def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Tensor:
@@ -144,7 +147,7 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
             return _alias(ext_tensor)
         immutable = False
         if cls is not _CapsuleType:
-            producer = _PRODUCERS.get(cls) or _producer(cls)
+            producer = _producer_of(cls) or _producer(cls)
             if producer.exchange is not None:
                 t = _exchange_import(producer, ext_tensor)
                 if t is not None:
@@ -156,9 +159,7 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
         PyCapsule_SetName(ext_tensor, used_name)
         if deleter:
             storage: Any = t._storage  # a DLPackStorage
-            storage.deleter = _DELETERS.get(deleter) or _deleter_function(
-                deleter
-            )  # cache hit inline
+            storage.deleter = _deleter_of(deleter) or _deleter_function(deleter)  # cache hit inline
         return t
     return _from_dlpack_with(ext_tensor, _as_target(device), as_copy(copy, "from_dlpack"))
 
@@ -230,6 +231,7 @@ class _Producer:
 
 
 _PRODUCERS: dict[type, _Producer] = {}
+_producer_of: Final = _PRODUCERS.get
 
 
 def _producer(cls: type) -> _Producer:
@@ -482,7 +484,7 @@ def _release_unowned(managed: int) -> None:
 
 def _deleter_function(address: int) -> Any:
     """The ctypes function that calls the producer's deleter at ``address`` (made once)."""
-    fn = _DELETERS.get(address)
+    fn = _deleter_of(address)
     return fn if fn is not None else remember(_DELETERS, address, _capi.VoidFunction(address))
 
 
@@ -657,7 +659,7 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
     """``from_dlpack`` with a ``device`` and/or ``copy`` request (the array API semantics)."""
     if type(ext_tensor) is _CapsuleType:
         return _from_capsule_with(ext_tensor, target, copy)
-    producer = _PRODUCERS.get(type(ext_tensor)) or _producer(type(ext_tensor))
+    producer = _producer_of(type(ext_tensor)) or _producer(type(ext_tensor))
     t = _consume(_request(ext_tensor, producer, target, copy), producer.immutable)
     if target is not None:
         t = _relabel(t, target)
