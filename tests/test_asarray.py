@@ -682,9 +682,9 @@ def test_numpy_layouts_through_the_buffer(make):
         lambda: np.arange(4, dtype=">i4"),
         lambda: np.array([1, "a"], dtype=object),
         lambda: np.zeros(2, dtype=np.longdouble),
-        lambda: np.zeros(3, dtype=[("x", "<i4"), ("y", "<f4")])["y"],
+        lambda: np.zeros(3, dtype=[("x", "<i2"), ("y", "<f4")])["y"],
     ],
-    ids=["datetime", "record", "big_endian", "object", "longdouble", "record_field"],
+    ids=["datetime", "record", "big_endian", "object", "longdouble", "packed_record_field"],
 )
 def test_numpy_arrays_the_buffer_cannot_describe_take_dlpack(make):
     """Where the buffer cannot say what an array holds, `asarray` gives exactly what its DLPack
