@@ -836,14 +836,15 @@ def test_both_buffer_readers_read_the_same_fields(make, expected):
     from tensorbridge import _capi
 
     obj = make()
-    readers = [(_capi.Py_buffer, _capi._get_buffer, _capi._describe_buffer)]
+    readers = [(_capi._acquire_buffer, _capi._describe_buffer)]
     if _capi._direct is not None:  # the compiled build
-        direct = _capi._direct
-        readers.append((direct.BufferView, direct.get_buffer, direct.describe_buffer))
-    for new_view, get_buffer, describe_buffer in readers:
-        view = new_view()
-        get_buffer(obj, view, _capi.PY_BUF_FULL_RO)
-        assert describe_buffer(view) == expected
+        readers.append((_capi._direct.acquire_buffer, _capi._direct.describe_buffer))
+    for acquire_buffer, describe_buffer in readers:
+        view, buf, length, readonly = acquire_buffer(obj, _capi.PY_BUF_FULL_RO)
+        assert describe_buffer(view) == (buf, length, *expected)
+        assert buf == (view.buf or 0) and length == view.len and readonly is bool(view.readonly)
+        if length:
+            assert buf != 0
 
 
 def test_buffer_with_suboffsets_is_refused():

@@ -217,19 +217,17 @@ def _buffer_dtype(fmt: str, api: str) -> DType:
     raise BufferError(msg)
 
 
-# The dtype of each buffer format met so far (the bytes of ``Py_buffer.format``, None meaning 'B').
-# Only formats that name a dtype are kept, so the table stays as small as the set of valid formats.
-_FORMAT_DTYPES: Final[dict[bytes | None, DType]] = {}
+# The dtype of each buffer format met so far, with its itemsize (the bytes of ``Py_buffer.format``,
+# None meaning 'B'). Only formats that name a dtype are kept, so the table stays as small as the set
+# of valid formats.
+_FORMAT_DTYPES: Final[dict[bytes | None, tuple[DType, int]]] = {}
 _known_format: Final = _FORMAT_DTYPES.get  # bound once: a method lookup costs as much as the call
 
 
-def _format_dtype(fmt: bytes | None, api: str) -> DType:
-    dtype = _known_format(fmt)
-    if dtype is None:
-        dtype = _FORMAT_DTYPES[fmt] = _buffer_dtype(
-            fmt.decode("ascii", "replace") if fmt else "B", api
-        )
-    return dtype
+def _format_dtype(fmt: bytes | None, api: str) -> tuple[DType, int]:
+    dtype = _buffer_dtype(fmt.decode("ascii", "replace") if fmt else "B", api)
+    known = _FORMAT_DTYPES[fmt] = (dtype, dtype.itemsize)
+    return known
 
 
 _UNIT_STRIDE: Final[tuple[int, ...]] = (1,)
@@ -247,24 +245,23 @@ def _described(obj: Any, api: str, numpy: bool = False) -> Tensor | None:
     view): None then, so that the caller reads NumPy's own strides through DLPack.
     """
     held = BufferStorage(obj, PY_BUF_FULL_RO)
-    fmt, view_itemsize, ndim, shape, byte_strides, indirect, contiguous = describe_buffer(held.view)
+    buf, length, fmt, view_itemsize, ndim, shape, byte_strides, indirect, contiguous = (
+        describe_buffer(held.view)
+    )
     if indirect:
         msg = (
             f"{api}(): the buffer of {type(obj).__name__} uses suboffsets (PIL-style indirect "
             f"arrays), which tensors cannot describe. Copy it into a contiguous buffer first."
         )
         raise BufferError(msg)
-    dtype = _known_format(fmt)
-    if dtype is None:
-        dtype = _format_dtype(fmt, api)
-    itemsize = dtype.itemsize
+    known = _known_format(fmt)
+    dtype, itemsize = _format_dtype(fmt, api) if known is None else known
     if view_itemsize != itemsize:
         msg = (
             f"{api}(): the buffer's itemsize {view_itemsize} does not match its format "
             f"{fmt!r} ({itemsize} bytes); the exporter is malformed."
         )
         raise BufferError(msg)
-    length = held.nbytes
     if ndim != 1 or shape is None:
         shape = _odd_shape(obj, ndim, shape, length // itemsize, api)
     numel = 1
@@ -293,7 +290,6 @@ def _described(obj: Any, api: str, numpy: bool = False) -> Tensor | None:
         strides = _layout.contiguous_strides(shape)
     else:
         strides = _element_strides(byte_strides, itemsize, api)
-    buf = held.ptr
     if contiguous and (buf or not numel):
         # The items fill the buffer's own ``[buf, buf + len)``, as in `frombuffer`.
         return new_tensor(held, 0, shape, strides, dtype, api, False, checked=True)

@@ -16,7 +16,6 @@ __all__ = [
     "PY_BUF_FULL_RO",
     "PY_BUF_ND",
     "PY_BUF_WRITABLE",
-    "BufferView",
     "PyBuffer_Release",
     "PyCapsule_GetName",
     "PyCapsule_GetPointer",
@@ -26,9 +25,9 @@ __all__ = [
     "PyObject_GetBuffer",
     "Py_buffer",
     "VoidFunction",
+    "acquire_buffer",
     "describe_buffer",
     "dlpack_capsule_destructor",
-    "get_buffer",
     "has_generic_getattr",
     "keep_forever",
     "new_managed",
@@ -164,21 +163,22 @@ PyBUF_READ: Final = 0x100
 PyBUF_WRITE: Final = 0x200
 
 
-# A held buffer, in two calls on every buffer import's path: ``view = BufferView()``, then
-# ``get_buffer(obj, view, flags)``, which returns ``(buf, len, readonly)`` (the address, 0 for NULL;
-# the length; a bool) and raises the exporter's error with nothing held. The view's fields read as
-# `Py_buffer`'s (``view.shape[:n]`` works on both builds) and it releases itself when it dies. The
-# compiled `BufferView` holds the struct inline; here it is the ctypes struct itself.
-def _get_buffer(obj: object, view: Py_buffer, flags: int) -> tuple[int, int, bool]:
+# A held buffer, in one call on every buffer import's path: ``acquire_buffer(obj, flags)`` returns
+# ``(view, buf, len, readonly)`` (the held view, which releases itself when it dies; the address, 0
+# for NULL; the length; a bool) and raises the exporter's error with nothing held. The view's
+# fields read as `Py_buffer`'s (``view.shape[:n]`` works on both builds). The compiled `BufferView`
+# holds the struct inline; here it is the ctypes struct itself.
+def _acquire_buffer(obj: object, flags: int) -> tuple[Py_buffer, int, int, bool]:
+    view = Py_buffer()
     PyObject_GetBuffer(obj, view, flags)
-    return view.buf or 0, view.len, view.readonly != 0
+    return view, view.buf or 0, view.len, view.readonly != 0
 
 
-# ``describe_buffer(view)``: the held buffer's layout, ``(format, itemsize, ndim, shape, strides,
-# indirect, contiguous)``: ``format`` bytes or None, ``shape``/``strides`` tuples of ``ndim`` ints or
-# None for NULL, ``indirect`` whether a suboffset is non-negative, ``contiguous`` whether the items
-# fill ``[buf, buf + len)`` in row-major order (``PyBuffer_IsContiguous(view, 'C')``). One call,
-# where field reads cost one each.
+# ``describe_buffer(view)``: the held buffer's fields, ``(buf, len, format, itemsize, ndim, shape,
+# strides, indirect, contiguous)``: ``buf`` the address (0 for NULL), ``format`` bytes or None,
+# ``shape``/``strides`` tuples of ``ndim`` ints or None for NULL, ``indirect`` whether a suboffset is
+# non-negative, ``contiguous`` whether the items fill ``[buf, buf + len)`` in row-major order
+# (``PyBuffer_IsContiguous(view, 'C')``). One call, where field reads cost one each.
 _PyBuffer_IsContiguous: Final = _bind(
     "PyBuffer_IsContiguous", _int, ctypes.POINTER(Py_buffer), ctypes.c_char
 )
@@ -186,10 +186,14 @@ _PyBuffer_IsContiguous: Final = _bind(
 
 def _describe_buffer(
     view: Py_buffer,
-) -> tuple[bytes | None, int, int, tuple[int, ...] | None, tuple[int, ...] | None, bool, bool]:
+) -> tuple[
+    int, int, bytes | None, int, int, tuple[int, ...] | None, tuple[int, ...] | None, bool, bool
+]:
     ndim = view.ndim
     suboffsets = view.suboffsets
     return (
+        view.buf or 0,
+        view.len,
         view.format,
         view.itemsize,
         ndim,
@@ -200,14 +204,12 @@ def _describe_buffer(
     )
 
 
-BufferView: Any
-get_buffer: Any
+acquire_buffer: Any
 describe_buffer: Any
 if _direct is None:
-    BufferView, get_buffer, describe_buffer = Py_buffer, _get_buffer, _describe_buffer
+    acquire_buffer, describe_buffer = _acquire_buffer, _describe_buffer
 else:
-    BufferView, get_buffer = _direct.BufferView, _direct.get_buffer
-    describe_buffer = _direct.describe_buffer
+    acquire_buffer, describe_buffer = _direct.acquire_buffer, _direct.describe_buffer
 
 
 # ``PyType_GetSlot(cls, Py_tp_getattro)`` (Include/typeslots.h) against the generic lookup: a type

@@ -100,7 +100,7 @@ cdef tuple _ssize_tuple(Py_ssize_t* values, int ndim):
 
 
 cdef class BufferView:
-    """A ``Py_buffer`` held open: filled by `get_buffer`, ``PyBuffer_Release`` exactly once, when
+    """A ``Py_buffer`` held open: filled by `acquire_buffer`, ``PyBuffer_Release`` exactly once, when
     the object dies (never while the interpreter is finalising: the memory is then left
     to the OS). Its fields read as those of `_capi.Py_buffer` do: addresses as ints or None,
     ``format`` as bytes or None, ``shape``/``strides``/``suboffsets`` as tuples (or None for NULL).
@@ -110,7 +110,7 @@ cdef class BufferView:
     cdef bint held
 
     def __cinit__(self):
-        self.held = False  # until `get_buffer` fills it
+        self.held = False  # until `acquire_buffer` fills it
 
     def __dealloc__(self):
         if self.held and _is_finalizing is not None and not _is_finalizing():
@@ -159,21 +159,20 @@ cdef class BufferView:
         return _ssize_tuple(self.view.suboffsets, self.view.ndim)
 
 
-def get_buffer(object obj, BufferView view not None, int flags):
-    """``PyObject_GetBuffer(obj, view, flags)``, then ``(buf, len, readonly)`` of the held buffer:
-    the address (0 for NULL), the length in bytes and a bool. Raises the exporter's error, holding
-    nothing."""
-    if view.held:
-        raise ValueError("get_buffer(): this BufferView already holds a buffer; make a new one.")
+def acquire_buffer(object obj, int flags):
+    """``PyObject_GetBuffer(obj, view, flags)`` into a new `BufferView`: ``(view, buf, len,
+    readonly)``, the address 0 for NULL and ``readonly`` a bool. Raises the exporter's error,
+    holding nothing."""
+    cdef BufferView view = BufferView.__new__(BufferView)
     PyObject_GetBuffer(obj, &view.view, flags)
     view.held = True
-    return <uintptr_t>view.view.buf, view.view.len, view.view.readonly != 0
+    return view, <uintptr_t>view.view.buf, view.view.len, view.view.readonly != 0
 
 
 def describe_buffer(BufferView view not None):
-    """The layout fields of the buffer ``view`` holds, in one call: ``(format, itemsize, ndim,
-    shape, strides, indirect, contiguous)``. ``format`` is bytes or None; ``shape`` and ``strides``
-    are tuples of ``ndim`` ints, or None for NULL; ``indirect`` is True when a suboffset is
+    """The fields of the buffer ``view`` holds, in one call: ``(buf, len, format, itemsize, ndim,
+    shape, strides, indirect, contiguous)``. ``buf`` is the address (0 for NULL); ``format`` is
+    bytes or None; ``shape`` and ``strides`` are tuples of ``ndim`` ints, or None for NULL; ``indirect`` is True when a suboffset is
     non-negative (a PIL-style array of pointers); ``contiguous`` is ``PyBuffer_IsContiguous(view,
     'C')``: the items fill ``[buf, buf + len)`` in row-major order."""
     cdef Py_buffer* b = &view.view
@@ -184,6 +183,8 @@ def describe_buffer(BufferView view not None):
             if b.suboffsets[i] >= 0:
                 indirect = True
     return (
+        <uintptr_t>b.buf,
+        b.len,
         None if b.format == NULL else <bytes>b.format,
         b.itemsize,
         b.ndim,

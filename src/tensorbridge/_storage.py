@@ -29,7 +29,7 @@ from math import prod
 from typing import Any, Final, NamedTuple
 
 from . import _capi
-from ._capi import BufferView, get_buffer
+from ._capi import acquire_buffer
 from ._device import CPU, Device
 from ._layout import extent
 
@@ -392,7 +392,7 @@ class BufferStorage(_SelfOwned):
 
     It spans the exporter's whole buffer; `_buffer.frombuffer` narrows it to the bytes it views
     before anything else sees it. Other importers use it as the owner of their own storage (see
-    `hold_buffer`). The export is released when ``view`` (a `_capi.BufferView`, held only here)
+    `hold_buffer`). The export is released when ``view`` (the held ``Py_buffer``, held only here)
     dies with the storage.
     """
 
@@ -400,8 +400,7 @@ class BufferStorage(_SelfOwned):
 
     def __init__(self, obj: object, flags: int) -> None:
         # The view holds the one strong reference to the exporter until it is released.
-        view = self.view = BufferView()
-        buf, length, readonly = get_buffer(obj, view, flags)
+        self.view, buf, length, readonly = acquire_buffer(obj, flags)
         self._fill(buf, length, CPU, readonly, None, False)
 
     @property
@@ -418,7 +417,7 @@ READONLY_REQUEST: Final = _capi.PY_BUF_SIMPLE
 
 
 def hold_buffer(obj: object, flags: int) -> tuple[BufferStorage, Any]:
-    """Acquire ``obj``'s buffer with ``flags``: the owner, and its view (a `_capi.BufferView`) to
+    """Acquire ``obj``'s buffer with ``flags``: the owner, and its view (the held ``Py_buffer``) to
     read the fields from. The export is released exactly once, when both are gone."""
     held = BufferStorage(obj, flags)
     return held, held.view
