@@ -16,6 +16,7 @@ __all__ = [
     "PY_BUF_FULL_RO",
     "PY_BUF_ND",
     "PY_BUF_WRITABLE",
+    "ManagedFromPy",
     "PyBuffer_Release",
     "PyCapsule_GetName",
     "PyCapsule_GetPointer",
@@ -85,6 +86,33 @@ else:
     PyCapsule_GetPointer = _bind("PyCapsule_GetPointer", _vp, _py, _cp)
     PyCapsule_SetName = _bind("PyCapsule_SetName", _int, _py, _cp)
     VoidFunction = ctypes.CFUNCTYPE(None, _vp)
+
+
+class _ManagedFromPy:
+    """``int f(PyObject *obj, DLManagedTensorVersioned **out)`` at an address (a DLPack exchange
+    API's ``managed_tensor_from_py_object_no_sync``), through ctypes, which holds the GIL and
+    raises the error the function sets: ``f(obj)`` returns the managed tensor's address, 0 when the
+    function failed, or wrote NULL, without setting an error."""
+
+    __slots__ = ("_function",)
+    _prototype = ctypes.PYFUNCTYPE(_int, _py, ctypes.POINTER(_vp))
+
+    def __init__(self, address: int) -> None:
+        if not address:
+            msg = "ManagedFromPy(): the function address is NULL"
+            raise ValueError(msg)
+        self._function = self._prototype(address)
+
+    def __call__(self, obj: object) -> int:
+        out = _vp()
+        if self._function(obj, ctypes.byref(out)):
+            return 0
+        return out.value or 0
+
+
+# ``ManagedFromPy(address)``: the exchange API's import function, callable as ``f(obj)``; a direct C
+# call in the compiled build.
+ManagedFromPy: Final = _ManagedFromPy if _direct is None else _direct.ManagedFromPy
 # A capsule destructor in C that runs the capsule's context (a Python callable) on the capsule's
 # address with any pending exception kept aside, so that the caller gets its own exception back:
 # compiled only. A destructor written in Python (ctypes) cannot do that: Python code cannot run

@@ -24,6 +24,7 @@ from cpython.pycapsule cimport (
 )
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyTypeObject
+from cpython.exc cimport PyErr_Occurred
 from cpython.ref cimport Py_INCREF, PyObject
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
@@ -80,6 +81,36 @@ cdef class VoidFunction:
     def __call__(self, uintptr_t argument):
         with nogil:
             self.function(<void*>argument)
+
+
+ctypedef int (*_from_py_function)(void* py_object, void** out)
+
+
+cdef int _failed(int status) except -1:
+    # -1 with the error the called function set raises it; a failure without one is 1.
+    if status != 0:
+        return -1 if PyErr_Occurred() != NULL else 1
+    return 0
+
+
+cdef class ManagedFromPy:
+    """A callable for ``int f(void* py_object, DLManagedTensorVersioned** out)`` at an address (a
+    DLPack exchange API's ``managed_tensor_from_py_object_no_sync``), called with the GIL held, as
+    a ctypes ``PYFUNCTYPE`` object calls it: ``f(obj)`` returns the managed tensor's address; 0
+    when the function failed, or wrote NULL, without setting an error; its error is raised."""
+
+    cdef _from_py_function function
+
+    def __cinit__(self, uintptr_t address):
+        if address == 0:
+            raise ValueError("ManagedFromPy(): the function address is NULL")
+        self.function = <_from_py_function><void*>address
+
+    def __call__(self, object obj):
+        cdef void* out = NULL
+        if _failed(self.function(<void*>obj, &out)):
+            return 0
+        return <uintptr_t>out
 
 
 cdef object _is_finalizing = sys.is_finalizing

@@ -251,13 +251,11 @@ def _exchange_import(producer: _Producer, obj: Any) -> Tensor | None:
         obj.requires_grad or obj.is_conj() or obj.is_neg() or obj.layout is not screen
     ):
         return None
-    out = ctypes.c_void_p()
     try:
-        failed = producer.exchange.from_py(obj, ctypes.byref(out))  # type: ignore[union-attr]
+        managed = producer.exchange.from_py(obj)  # type: ignore[union-attr]
     except Exception:  # the __dlpack__ path raises the producer's refusal again, in its words
         return None
-    managed = out.value
-    if failed or not managed:
+    if not managed:  # failed without an error
         return None
     # The managed tensor is ours from here on: its deleter runs exactly once, whatever happens.
     try:

@@ -93,11 +93,6 @@ _EXCHANGE_HEADER: Final = struct.Struct("@IIP")
 _EXCHANGE_FUNCTIONS: Final = struct.Struct("@5P")
 _EXCHANGE_CHAIN_MAX: Final = 8  # prev_api links followed at most (a cycle must not hang us)
 
-# int (*)(void* py_object, DLManagedTensorVersioned** out): non-zero (with a Python error set,
-# which PYFUNCTYPE raises) when the object cannot be exported.
-_FromPyObject: Final = ctypes.PYFUNCTYPE(
-    ctypes.c_int, ctypes.py_object, ctypes.POINTER(ctypes.c_void_p)
-)
 # int (*)(DLManagedTensorVersioned* tensor, void** out_py_object): takes ownership of the tensor
 # and writes a new reference. The reference comes back as an address, so that its ownership can be
 # taken over exactly once (a ctypes py_object out-parameter would leak it).
@@ -112,7 +107,7 @@ class ExchangeAPI:
     __slots__ = ("from_py", "to_py")
 
     def __init__(self, from_py: Any, to_py: Any) -> None:
-        self.from_py = from_py  # managed_tensor_from_py_object_no_sync
+        self.from_py = from_py  # managed_tensor_from_py_object_no_sync: `_capi.ManagedFromPy`
         self.to_py = to_py  # managed_tensor_to_py_object_no_sync
 
 
@@ -150,7 +145,7 @@ def exchange_api(cls: type) -> ExchangeAPI | None:
     )
     if not from_py or not to_py:  # neither may be NULL (dlpack.h); a broken table is not used
         return None
-    return ExchangeAPI(_FromPyObject(from_py), _ToPyObject(to_py))
+    return ExchangeAPI(_capi.ManagedFromPy(from_py), _ToPyObject(to_py))
 
 
 _EXCHANGE_APIS: dict[type, ExchangeAPI | None] = {}
