@@ -628,9 +628,14 @@ NUMPY_BUFFER_DTYPES = [
 def test_numpy_array_is_read_through_its_buffer(name):
     """A NumPy array of each dtype a buffer format names takes the "ndarray" path and gives what
     DLPack gives: its dtype, pointer, shape, strides and values, shared both ways."""
+    from tensorbridge._storage import BufferStorage
+
     a = (np.arange(12) % 3).astype(name).reshape(3, 4)[:, ::2]
     t, via_dlpack = tb.asarray(a), tb.from_dlpack(a)
     assert _dispatch_path(a) == "ndarray"
+    assert isinstance(t._storage.owner, BufferStorage)  # the held buffer, not a DLPack import
+    whole = tb.asarray(a.base)  # contiguous: the held export is the storage itself
+    assert isinstance(whole._storage, BufferStorage) and whole._storage.owner is whole._storage
     assert t.dtype is via_dlpack.dtype is getattr(tb, name)
     assert (t.data_ptr(), t.shape, t.stride()) == (a.ctypes.data, (3, 2), (4, 2))
     assert t.tolist() == a.tolist() and not t.is_readonly

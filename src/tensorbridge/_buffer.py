@@ -290,31 +290,24 @@ def _described(obj: Any, api: str, numpy: bool = False) -> Tensor | None:
         strides = _layout.contiguous_strides(shape)
     else:
         strides = _element_strides(byte_strides, itemsize, api)
+    storage: Storage
     if contiguous and (buf or not numel):
-        # The items fill the buffer's own ``[buf, buf + len)``, as in `frombuffer`.
-        return new_tensor(held, 0, shape, strides, dtype, api, False, checked=True)
-    # The exporter vouches for its strides; ``len`` is the logical size, not the extent of a
-    # strided view, so it bounds the element count (checked above) but not the strides.
-    try:
-        start, nbytes, offset = locate(buf, None, 0, shape, strides, itemsize, api, refused)
-    except BufferError as exc:
-        refusal = refusal_of(exc)
-        if refusal is None:
-            raise
-        del held  # release the export now, not when the traceback's frames die
-        raise memory_refused(refusal, dtype) from None
-    if start != buf or nbytes != length:
-        return new_tensor(
-            Storage(start, nbytes, CPU, held.readonly, held),
-            offset,
-            shape,
-            strides,
-            dtype,
-            api,
-            False,
-            checked=True,
-        )
-    return new_tensor(held, offset, shape, strides, dtype, api, False, checked=True)
+        storage, offset = held, 0  # the items fill the buffer's own [buf, buf + len)
+    else:
+        # The exporter vouches for its strides; ``len`` is the logical size, not the extent of a
+        # strided view, so it bounds the element count (checked above) but not the strides.
+        try:
+            start, nbytes, offset = locate(buf, None, 0, shape, strides, itemsize, api, refused)
+        except BufferError as exc:
+            refusal = refusal_of(exc)
+            if refusal is None:
+                raise
+            del held  # release the export now, not when the traceback's frames die
+            raise memory_refused(refusal, dtype) from None
+        storage = held
+        if start != buf or nbytes != length:
+            storage = Storage(start, nbytes, CPU, held.readonly, held)
+    return new_tensor(storage, offset, shape, strides, dtype, api, False, checked=True)
 
 
 def _odd_shape(

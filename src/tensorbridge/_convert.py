@@ -23,9 +23,10 @@ its refusal is raised.
 
 A NumPy array is read through its buffer (format, shape, strides, read-only: everything its
 ``__dlpack__`` would say of host memory), as PyTorch reads one through NumPy's C API: one C call
-instead of a capsule round trip. When the buffer cannot describe it (datetimes, records, non-native
-byte order, strides that are not whole elements), or ``device`` or ``copy=True`` is asked, it takes
-the ``"dlpack"`` path, so every refusal is the one DLPack gives.
+instead of a capsule round trip. When the buffer cannot describe it exactly (datetimes, records,
+non-native byte order, strides that are not whole elements, a dimension of size 0 or 1, whose stride
+NumPy's buffer rewrites), or ``device`` or ``copy=True`` is asked, it takes the ``"dlpack"`` path, so
+every refusal is the one DLPack gives.
 
 Arrow comes before DLPack because the Arrow C data interface describes Arrow memory exactly (immutable,
 with validity bitmaps and bit-packed booleans) while DLPack from an Arrow producer is a derived view
