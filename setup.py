@@ -9,8 +9,8 @@ pyproject.toml; this script adds only what setuptools cannot declare there:
   (extension types, C functions); the ``.py`` stays the one source. Compiling is optional: with no
   Cython, no C compiler or Python headers, on an interpreter other than CPython, with
   ``TENSORBRIDGE_NO_EXTENSIONS`` set (to anything but ``0``), or when one module fails to compile,
-  the build warns and ships that module (or every module) as pure Python. It never fails because
-  of the compiled build.
+  the build warns and ships that module (or every module) as pure Python, together with every
+  module whose ``.pxd`` cimports it. It never fails because of the compiled build.
 * **Editable installs stay pure Python.** ``pip install -e .`` compiles nothing, so no extension
   module can shadow a ``.py`` file that a developer edits.
 * **What was built** is recorded in ``tensorbridge/_build_record.json`` (read by
@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import sysconfig
@@ -55,6 +56,17 @@ COMPILED = sorted(p.stem for p in SOURCE.glob("_*.py") if p.stem not in NOT_COMP
 # calls, the DLPack deleter call, a held Py_buffer, a capsule destructor that keeps a pending
 # exception); `_capi` falls back to ctypes without it.
 C_API_MODULES = sorted(p.stem for p in SOURCE.glob("_*.pyx"))
+
+
+def _cimports(name: str) -> set[str]:
+    """The modules whose extension types ``name``'s ``.pxd`` cimports. Compiled, ``name`` fetches
+    those types when it is imported, so it can ship compiled only if they do."""
+    pxd = SOURCE / f"{name}.pxd"
+    text = pxd.read_text(encoding="utf-8") if pxd.exists() else ""
+    return set(re.findall(rf"^from {PACKAGE}\.(\w+) cimport ", text, flags=re.MULTILINE))
+
+
+CIMPORTS = {name: _cimports(name) for name in COMPILED}
 
 # Cython directives for every compiled module (the one place they are set):
 #   annotation_typing=False: annotations are documentation, never run-time type checks; Cython
@@ -140,6 +152,7 @@ class BuildExt(build_ext):
             except Exception as exc:  # no compiler at all (DistutilsPlatformError and kin)
                 self.failed.update({e.name: _one_line(exc) for e in self.extensions})
                 reason = f"the C compiler could not run: {_one_line(exc)}"
+            self._drop_dependents()
         if not self.editable_mode:
             self._record(reason, cython_version)
 
@@ -174,6 +187,24 @@ class BuildExt(build_ext):
             _warn(f"{ext.name} is shipped uncompiled: the C compiler failed: {_one_line(exc)}")
             output = Path(self.get_ext_fullpath(ext.name))
             output.unlink(missing_ok=True)
+
+    def _drop_dependents(self) -> None:
+        """Ship as .py every compiled module that cimports one shipped as .py (transitively)."""
+        uncompiled = set(getattr(self, "untranslated", {}))
+        uncompiled.update(name.rpartition(".")[2] for name in self.failed)
+        changed = True
+        while changed:
+            changed = False
+            for ext in self.extensions:
+                name = ext.name.rpartition(".")[2]
+                missing = sorted(CIMPORTS.get(name, set()) & uncompiled)
+                if name in uncompiled or not missing:
+                    continue
+                self.failed[ext.name] = f"cimports {', '.join(missing)}, which is shipped as .py"
+                _warn(f"{ext.name} is shipped uncompiled: {self.failed[ext.name]}")
+                Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
+                uncompiled.add(name)
+                changed = True
 
     def _record(self, reason: str | None, cython_version: str | None) -> None:
         """Write what was compiled into the package, for `tensorbridge.build_info()`."""

@@ -33,6 +33,7 @@ __all__ = [
     "keep_forever",
     "new_managed",
     "new_object",
+    "new_tuple",
     "steal",
 ]
 
@@ -118,8 +119,13 @@ ManagedFromPy: Final = _ManagedFromPy if _direct is None else _direct.ManagedFro
 # compiled only. A destructor written in Python (ctypes) cannot do that: Python code cannot run
 # with an exception set, nor return with one set again.
 GUARDED_DESTRUCTOR: Final = None if _direct is None else _direct.guarded_destructor_address()
-# `object.__new__(cls)`: compiled, a direct call of the C slot, with no argument tuple to parse.
+# `cls.__new__(cls)` for a class that defines no `__new__` in Python (no `__init__` runs): compiled,
+# a direct call of the class's C allocator, with no argument tuple to build or parse; otherwise
+# `object.__new__`, the allocator of such a class when no base is an extension type.
 new_object: Final = object.__new__ if _direct is None else _direct.new_object
+# `tuple.__new__(cls, items)` for a tuple subclass and a tuple: compiled, allocated through the
+# class's C slot and filled in place (no argument tuple, no temporary tuple, no `__init__`).
+new_tuple: Final = tuple.__new__ if _direct is None else _direct.new_tuple
 # Writes a DLPack managed tensor with its shape and strides into one new block, from C: compiled
 # only (`_dlpack_export` packs the same struct with `struct` without it). See `_capi_c.new_managed`.
 new_managed: Final = None if _direct is None else _direct.new_managed

@@ -25,7 +25,7 @@ from cpython.pycapsule cimport (
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyTypeObject
 from cpython.exc cimport PyErr_Occurred
-from cpython.ref cimport Py_INCREF, PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport strcmp
@@ -327,10 +327,39 @@ def dlpack_capsule_destructor(object release):
 
 
 def new_object(type cls not None):
-    """``object.__new__(cls)``, through ``object``'s own C slot: no argument tuple to build or
-    parse (``Tensor._new`` makes one per tensor)."""
-    return (<PyTypeObject*>object).tp_new(cls, <PyObject*>(), NULL)
+    """``cls.__new__(cls)`` through the class's own C slot, with no argument tuple to build or
+    parse and no ``__init__`` (``Tensor._new`` makes one per tensor). For a class that defines no
+    ``__new__`` in Python, the slot is its nearest extension-type base's allocator, or ``object``'s."""
+    if (<PyTypeObject*>cls).tp_new == NULL:
+        raise TypeError(f"cannot create '{cls.__name__}' instances")
+    return (<PyTypeObject*>cls).tp_new(cls, <PyObject*>(), NULL)
 
+
+
+cdef extern from "Python.h":
+    # The one PyTypeObject slot Cython's declaration leaves out.
+    ctypedef struct _AllocatingType "PyTypeObject":
+        PyObject* (*tp_alloc)(PyTypeObject*, Py_ssize_t)
+
+
+def new_tuple(type cls not None, tuple items not None):
+    """``tuple.__new__(cls, items)`` for a subclass ``cls`` of tuple: allocated through its C slot
+    and filled in place, with no argument tuple, no temporary tuple and no ``__init__``
+    (``Tensor._new`` makes a `Size` per tensor)."""
+    if not issubclass(cls, tuple):
+        raise TypeError(f"new_tuple(): {cls.__name__} is not a subclass of tuple")
+    cdef Py_ssize_t n = len(items), i
+    cdef PyObject* raw = (<_AllocatingType*>cls).tp_alloc(<PyTypeObject*>cls, n)
+    if raw == NULL:
+        raise MemoryError()
+    cdef object out = <object>raw  # a second reference: the one tp_alloc returned is dropped
+    Py_DECREF(out)
+    cdef object item
+    for i in range(n):
+        item = items[i]
+        Py_INCREF(item)  # PyTuple_SET_ITEM steals the reference the tuple keeps
+        PyTuple_SET_ITEM(out, i, item)
+    return out
 
 # The structs of dlpack.h v1.3 that an export writes. `_dlpack_abi` mirrors them in ctypes, field
 # for field; the deleter is an untyped address here, as in the writer there.

@@ -9,6 +9,7 @@ never copies. Element access goes through the dtype's codec (`_codec`) and the o
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import math
 import pickle
@@ -34,6 +35,7 @@ from ._args import GRAD_MSG, GRAD_MSG_METHOD
 from ._device import CPU, Device, as_device
 from ._dtype import DType, as_dtype
 from ._errors import warn_user
+from ._fields import TensorFields
 from ._indexing import INDEX_DTYPES, UINT8_INDEX_WARNING, Advanced, parse_index
 from ._indexing import check_bounds as check_index_bounds
 from ._layout import Size
@@ -41,12 +43,50 @@ from ._storage import Storage, allocate, check_view
 
 __all__ = ["Tensor"]
 
-# `object.__new__`, bound once (`Tensor._new` runs on every import and view); compiled, a direct
-# call of its C slot.
-_new_object = _capi.new_object
+# `cls.__new__(cls)`, bound once (`_construct` runs on every import and view): with `_capi`'s C
+# functions, a direct call of the class's C allocator with no argument tuple to build or parse.
+# Without them, `TensorFields`' own (object's in pure Python; an extension type's has its own).
+_new_object = TensorFields.__new__ if _capi.new_object is object.__new__ else _capi.new_object
+# `Size(shape)` for a tuple ``shape``: compiled, allocated and filled in place by `_capi.new_tuple`.
+_new_size = Size if _capi.new_tuple is tuple.__new__ else functools.partial(_capi.new_tuple, Size)
 
 
-class Tensor:
+def _construct(
+    cls: type[Tensor],
+    storage: Storage,
+    offset: int,
+    shape: Sequence[int],
+    strides: Sequence[int],
+    dtype: DType,
+    api: str = "Tensor._new",
+    requires_grad: bool = False,
+    checked: bool = False,
+) -> Tensor:
+    """The constructor: the one way any module, this one included, builds a tensor (`Tensor._new`).
+
+    The layout must lie inside the storage (`_storage.check_view`, with Python ints: nothing
+    wraps). ``checked=True`` says the caller has already bounded the layout by the storage, so the
+    check is not run twice on a hot path: the storage was made by `_storage.locate` (or
+    `_storage.wrap`) for exactly this layout; frombuffer's argument checks bound its one contiguous
+    run; or the layout is a view this module derived from a checked one.
+    """
+    if type(shape) is not tuple:
+        shape = tuple(shape)
+    if type(strides) is not tuple:
+        strides = tuple(strides)
+    if not checked:
+        check_view(storage, offset, shape, strides, dtype.itemsize, api)
+    self: Any = _new_object(cls)
+    self._storage = storage
+    self._offset = offset
+    self._shape = _new_size(shape)
+    self._strides = strides
+    self._dtype = dtype
+    self._requires_grad = requires_grad
+    return self
+
+
+class Tensor(TensorFields):
     """A strided, typed view of a block of memory on some device.
 
     Create tensors with `tensorbridge.tensor`, `from_dlpack`, `frombuffer`, `asarray` and friends;
@@ -57,65 +97,18 @@ class Tensor:
     the object that owns the memory (see `tensorbridge._storage`).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_dtype",
-        "_offset",
-        "_requires_grad",
-        "_shape",
-        "_storage",
-        "_strides",
-    )
+    __slots__ = ()
 
-    _storage: Storage
-    _offset: int
-    _shape: Size
-    _strides: tuple[int, ...]
-    _dtype: DType
-    _requires_grad: bool
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Tensor:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         msg = (
             "Tensor() cannot be constructed directly; use tensorbridge.tensor(data), "
             "tensorbridge.from_dlpack(obj), tensorbridge.frombuffer(buf, dtype=...) or tensorbridge.asarray(obj)."
         )
         raise TypeError(msg)
 
-    @classmethod
-    def _new(
-        cls,
-        storage: Storage,
-        offset: int,
-        shape: Sequence[int],
-        strides: Sequence[int],
-        dtype: DType,
-        api: str = "Tensor._new",
-        requires_grad: bool = False,
-        *,
-        checked: bool = False,
-    ) -> Tensor:
-        """The constructor: the one way any module, this one included, builds a tensor.
-
-        The layout must lie inside the storage (`_storage.check_view`, with Python ints: nothing
-        wraps). ``checked=True`` says the caller has already bounded the layout by the storage, so
-        the check is not run twice on a hot path: the storage was made by `_storage.locate` (or
-        `_storage.wrap`) for exactly this layout; frombuffer's argument checks bound its one
-        contiguous run; or the layout is a view this module derived from a checked one.
-        """
-        if type(shape) is not tuple:
-            shape = tuple(shape)
-        if type(strides) is not tuple:
-            strides = tuple(strides)
-        if not checked:
-            check_view(storage, offset, shape, strides, dtype.itemsize, api)
-        self = _new_object(cls)
-        self._storage = storage
-        self._offset = offset
-        self._shape = Size(shape)
-        self._strides = strides
-        self._dtype = dtype
-        self._requires_grad = requires_grad
-        return self
+    # The constructor (``Tensor._new(storage, offset, shape, strides, dtype, api="Tensor._new",
+    # requires_grad=False, checked=False)``): `_construct`, a class method of every tensor class.
+    _new = classmethod(_construct)
 
     # ------------------------------------------------------------------ metadata
     @property
