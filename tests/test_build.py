@@ -75,6 +75,32 @@ def test_a_compiled_storage_module_read_its_declarations():
         assert heap == [True, True, True]
 
 
+def test_tensor_fields_are_a_c_type_exactly_when_compiled():
+    """Compiled, a tensor's fields are C struct members of `TensorFields`; `Tensor` stays a Python
+    class on top of it in both builds (it gets every special method a Python class gets)."""
+    from tensorbridge._fields import TensorFields
+    from tensorbridge._tensor import Tensor
+
+    compiled = "_fields" in tb.build_info().modules
+    assert bool(TensorFields.__flags__ & _HEAP_TYPE) is not compiled
+    assert Tensor.__flags__ & _HEAP_TYPE
+
+
+def test_a_compiled_module_runs_with_every_module_it_cimports_compiled():
+    """A module whose .pxd cimports another fetches that module's C types when it is imported: the
+    build ships it compiled only if the other is compiled too."""
+    package = Path(tb.__file__).parent
+    compiled = set(tb.build_info().modules)
+    for name in compiled:
+        pxd = package / f"{name}.pxd"
+        if not pxd.is_file():
+            continue
+        for line in pxd.read_text(encoding="utf-8").splitlines():
+            if line.startswith("from tensorbridge.") and " cimport " in line:
+                needed = line.split()[1].rpartition(".")[2]
+                assert needed in compiled, (name, needed)
+
+
 @pytest.mark.parametrize("value", ["1", "yes"])
 def test_no_extensions_variable_runs_every_module_from_source(value):
     """TENSORBRIDGE_NO_EXTENSIONS set at import time loads only .py files and says so."""
