@@ -3,4 +3,4 @@
 cpdef _request(obj, producer, target, copy)
 cpdef tuple _open(capsule, bint immutable=*)
 cpdef tuple _versioned(managed)
-cpdef _tensor(managed, tuple dltensor, readonly, copied)
+cpdef _tensor(managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset, readonly, copied)

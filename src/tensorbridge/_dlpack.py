@@ -96,6 +96,7 @@ _DELETERS: dict[int, Any] = {}
 # The tables' ``get``, bound once (also `_producer_of` below): looking a method up costs each call
 # as much as calling it.
 _deleter_of: Final = _DELETERS.get
+_dtype_of_word: Final = DTYPE_BY_WORD.get
 
 
 def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Tensor:
@@ -446,10 +447,16 @@ def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
         managed = PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED)
     except ValueError:
         managed = _legacy_pointer(capsule)
-        fields = read(LEGACY, managed)
+        data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset, _ctx, deleter = (
+            read(LEGACY, managed)
+        )
         # A legacy capsule cannot say read-only: like PyTorch, tensorbridge imports it writable,
         # unless its producer is known to hand out immutable memory.
-        return _tensor(managed, fields[:8], immutable, False), USED_DLTENSOR, fields[9]
+        t = _tensor(
+            managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,
+            immutable, False,
+        )  # fmt: skip
+        return t, USED_DLTENSOR, deleter
     t, deleter = _versioned(managed)
     return t, USED_DLTENSOR_VERSIONED, deleter
 
@@ -493,7 +500,10 @@ def _versioned(managed: int) -> tuple[Tensor, int]:
         fields = VERSIONED.unpack_from(MEMORY, managed - MEMORY_BASE)
     except (struct.error, OverflowError):
         fields = read(VERSIONED, managed)
-    major, minor, _ctx, deleter, flags = fields[:5]
+    (
+        major, minor, _ctx, deleter, flags,
+        data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,
+    ) = fields  # fmt: skip
     if major != DLPACK_MAJOR_VERSION:
         # Nothing else may be trusted; the unrenamed capsule's destructor calls the deleter.
         msg = (
@@ -503,12 +513,27 @@ def _versioned(managed: int) -> tuple[Tensor, int]:
         )
         raise BufferError(msg)
     readonly = flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
-    return _tensor(
-        managed, fields[5:], readonly, flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0
-    ), deleter
+    copied = flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0
+    t = _tensor(
+        managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,
+        readonly, copied,
+    )  # fmt: skip
+    return t, deleter
 
 
-def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: bool) -> Tensor:
+def _tensor(  # the DLTensor's fields, as read, then what the managed tensor says of its memory
+    managed: int,
+    data: int,
+    dev_type: int,
+    dev_id: int,
+    ndim: int,
+    dtype_word: int,
+    shape_p: int,
+    strides_p: int,
+    byte_offset: int,
+    readonly: bool,
+    copied: bool,
+) -> Tensor:
     """The tensor a DLTensor describes, over a storage spanning exactly the bytes it reaches.
 
     The extent is checked by `_storage.locate`, with Python ints, so a layout whose byte extent does
@@ -517,8 +542,7 @@ def _tensor(managed: int, dltensor: tuple[Any, ...], readonly: bool, copied: boo
     data (the DLPack header allows both). The storage owns the managed tensor, but calls no deleter
     until `_arm` arms it.
     """
-    data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset = dltensor
-    dtype = DTYPE_BY_WORD.get(dtype_word)
+    dtype = _dtype_of_word(dtype_word)
     if dtype is None:
         raise _unsupported_dtype(dtype_word)
     device = CPU if dev_type == _kDLCPU else Device.from_dlpack(dev_type, dev_id)
