@@ -335,7 +335,6 @@ def new_object(type cls not None):
     return (<PyTypeObject*>cls).tp_new(cls, <PyObject*>(), NULL)
 
 
-
 cdef extern from "Python.h":
     # The one PyTypeObject slot Cython's declaration leaves out.
     ctypedef struct _AllocatingType "PyTypeObject":
@@ -360,6 +359,7 @@ def new_tuple(type cls not None, tuple items not None):
         Py_INCREF(item)  # PyTuple_SET_ITEM steals the reference the tuple keeps
         PyTuple_SET_ITEM(out, i, item)
     return out
+
 
 # The structs of dlpack.h v1.3 that an export writes. `_dlpack_abi` mirrors them in ctypes, field
 # for field; the deleter is an untyped address here, as in the writer there.
