@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,58 @@ def test_build_info_is_public():
     assert isinstance(info, _build.BuildInfo)
     with pytest.raises(AttributeError):
         info.kind = "compiled"  # type: ignore[misc]
+
+
+def _setup_script() -> dict:
+    """The definitions of the checkout's setup.py, without running `setup()`, read from its own
+    directory (SOURCE is relative to it); skipped where the tests run without the checkout."""
+    script = Path(__file__).resolve().parents[1] / "setup.py"
+    if not script.is_file():
+        pytest.skip("setup.py is not beside the tests")
+    pytest.importorskip("setuptools")  # a fresh virtual environment of Python 3.12+ has none
+    source = script.read_text(encoding="utf-8")
+    namespace: dict = {"__name__": "tensorbridge_setup", "__file__": str(script)}
+    cwd = Path.cwd()
+    try:
+        os.chdir(script.parent)
+        exec(compile(source[: source.rindex("\nsetup(")], str(script), "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    return namespace
+
+
+def test_the_build_reads_each_modules_cimports_from_its_pxd():
+    setup = _setup_script()
+    assert setup["CIMPORTS"]["_tensor"] == {"_fields"}
+    assert setup["CIMPORTS"]["_dlpack_export"] == {"_fields", "_storage"}
+    assert setup["CIMPORTS"]["_fields"] == set()
+
+
+def test_the_build_ships_as_py_every_module_that_cimports_one_shipped_as_py(tmp_path):
+    """`_fields` failing to compile takes `_tensor` and `_dlpack_export` (which cimport it) with
+    it; `_storage` failing takes `_dlpack_export`; modules that cimport nothing are kept."""
+    setup = _setup_script()
+
+    class Ext:
+        def __init__(self, name: str) -> None:
+            self.name = f"tensorbridge.{name}"
+
+    names = ["_fields", "_storage", "_tensor", "_dlpack_export", "_layout"]
+    for failing, dropped in [
+        ("_fields", {"_tensor", "_dlpack_export"}),
+        ("_storage", {"_dlpack_export"}),
+        ("_layout", set()),
+    ]:
+        build = setup["BuildExt"].__new__(setup["BuildExt"])
+        build.extensions = [Ext(n) for n in names]
+        build.untranslated = {}
+        build.failed = {f"tensorbridge.{failing}": "the C compiler failed"}
+        for n in names:  # each compiled output exists until it is dropped
+            (tmp_path / f"{n}.so").write_bytes(b"")
+        build.get_ext_fullpath = lambda full, d=tmp_path: str(d / f"{full.rpartition('.')[2]}.so")
+        build._drop_dependents()
+        got = {k.rpartition(".")[2] for k in build.failed} - {failing}
+        assert got == dropped, failing
+        assert {p.stem for p in tmp_path.glob("*.so")} == set(names) - dropped
+        for name in dropped:
+            assert "cimports" in build.failed[f"tensorbridge.{name}"]
