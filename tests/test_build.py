@@ -226,12 +226,15 @@ def test_the_build_reads_each_modules_cimports_from_its_pxd():
     setup = _setup_script()
     assert setup["CIMPORTS"]["_tensor"] == {"_fields"}
     assert setup["CIMPORTS"]["_dlpack_export"] == {"_fields", "_storage"}
+    assert setup["CIMPORTS"]["_dlpack"] == {"_storage", "_tensor"}
+    assert setup["CIMPORTS"]["_storage"] == {"_layout"}
     assert setup["CIMPORTS"]["_fields"] == set()
 
 
 def test_the_build_ships_as_py_every_module_that_cimports_one_shipped_as_py(tmp_path):
     """`_fields` failing to compile takes `_tensor` and `_dlpack_export` (which cimport it) with
-    it; `_storage` failing takes `_dlpack_export`; modules that cimport nothing are kept."""
+    it; `_layout` failing takes `_storage`, and with it `_dlpack_export`; a module that nothing
+    cimports takes nothing with it."""
     setup = _setup_script()
 
     class Ext:
@@ -242,7 +245,8 @@ def test_the_build_ships_as_py_every_module_that_cimports_one_shipped_as_py(tmp_
     for failing, dropped in [
         ("_fields", {"_tensor", "_dlpack_export"}),
         ("_storage", {"_dlpack_export"}),
-        ("_layout", set()),
+        ("_layout", {"_storage", "_dlpack_export"}),
+        ("_dlpack_export", set()),
     ]:
         build = setup["BuildExt"].__new__(setup["BuildExt"])
         build.extensions = [Ext(n) for n in names]

@@ -172,6 +172,41 @@ def test_both_managed_struct_writers_write_the_same_struct(versioned, shape, str
             writer(*fields, (*shape, 2**63), (*strides, 1))  # a dimension past int64
 
 
+def test_both_managed_struct_readers_read_what_dlpack_h_puts_there():
+    """The compiled build loads a producer's struct, shape and strides from C; the pure-Python
+    build unpacks them with `struct`. Both read every field where dlpack.h puts it, at an address
+    of any alignment, and leave an address outside the readable range to `read`."""
+    readers = [(_dlpack_c._unpack_versioned, _dlpack_c._unpack_dims)]
+    if _capi.read_versioned is not None:  # the compiled build
+        readers.append((_capi.read_versioned, _capi.read_dims))
+    assert (_dlpack_c.read_versioned, _dlpack_c.read_dims) == readers[-1]
+    raw = (ctypes.c_char * (ctypes.sizeof(DLManagedTensorVersioned) + 1 + 7 * 8))()
+    address = ctypes.addressof(raw) + 1  # odd: no field is aligned
+    m = DLManagedTensorVersioned.from_address(address)
+    dims = (ctypes.c_int64 * 7).from_address(address + ctypes.sizeof(m))
+    dims[:] = [2**63 - 1, 0, 3, -(2**63), -1, 5, 1]  # shape (3), then strides (3), apart
+    m.version.major, m.version.minor, m.manager_ctx, m.flags = 2**32 - 1, 3, 0xC0DE, 2**64 - 1
+    m.deleter = ctypes.cast(0xDE1E7E, type(m.deleter))
+    dl = m.dl_tensor
+    dl.data, dl.device.device_type, dl.device.device_id = 2**64 - 1, 13, -(2**31)
+    dl.ndim, dl.dtype.code, dl.dtype.bits, dl.dtype.lanes = -7, 17, 4, 2
+    dl.shape = ctypes.cast(address + ctypes.sizeof(m), type(dl.shape))
+    dl.strides = ctypes.cast(address + ctypes.sizeof(m) + 32, type(dl.strides))
+    dl.byte_offset = 2**64 - 1
+    word = int.from_bytes(bytes(dl.dtype), sys.byteorder)
+    shape_p, strides_p = address + ctypes.sizeof(m), address + ctypes.sizeof(m) + 32
+    expected = (2**32 - 1, 3, 0xC0DE, 0xDE1E7E, 2**64 - 1, 2**64 - 1, 13, -(2**31), -7, word)
+    for read_versioned, read_dims in readers:
+        assert read_versioned(address) == (*expected, shape_p, strides_p, 2**64 - 1)
+        assert read_dims(shape_p, strides_p, 3) == ((2**63 - 1, 0, 3), (-1, 5, 1))
+        assert read_dims(shape_p, strides_p, 0) == ((), ())
+        for outside in (0, sys.maxsize - 4, 2**64 - 8):  # 0, or past sys.maxsize
+            assert read_versioned(outside) is None
+            assert read_dims(outside, strides_p, 1) is None
+            assert read_dims(shape_p, outside, 1) is None
+    del m, dl, dims
+
+
 def test_export_zero_d_and_empty_pointers():
     """0-d exports non-NULL shape/strides; a size-0 tensor exports NULL data."""
     m = managed_struct(tb.tensor(3.5).__dlpack__(max_version=(1, 0)))

@@ -31,7 +31,7 @@ from ._storage import (
     refusal_of,
     refused,
 )
-from ._tensor import Tensor, new_tensor
+from ._tensor import Tensor, _construct
 
 __all__ = ["frombuffer", "import_buffer", "import_ndarray"]
 
@@ -103,7 +103,8 @@ def frombuffer(
     # The storage is exactly the viewed bytes, as PyTorch's: `_element_count` bounded them.
     storage.ptr += offset
     storage.nbytes = numel * itemsize
-    return new_tensor(storage, 0, (numel,), (1,), dtype, "frombuffer", requires_grad, checked=True)
+    # checked=True by position: a C call when compiled
+    return _construct(Tensor, storage, 0, (numel,), (1,), dtype, "frombuffer", requires_grad, True)
 
 
 def _acquire(obj: Any, api: str) -> BufferStorage:
@@ -186,7 +187,7 @@ def import_buffer(obj: Any, api: str) -> Tensor:
     """
     if type(obj) in _BYTE_STRINGS:
         storage = _acquire(obj, api)
-        return new_tensor(storage, 0, (storage.nbytes,), (1,), uint8, api, checked=True)
+        return _construct(Tensor, storage, 0, (storage.nbytes,), (1,), uint8, api, False, True)
     t = _described(obj, api)
     assert t is not None  # None only for numpy=True
     return t
@@ -307,7 +308,7 @@ def _described(obj: Any, api: str, numpy: bool = False) -> Tensor | None:
         storage = held
         if start != buf or nbytes != length:
             storage = Storage(start, nbytes, CPU, held.readonly, held)
-    return new_tensor(storage, offset, shape, strides, dtype, api, False, checked=True)
+    return _construct(Tensor, storage, offset, shape, strides, dtype, api, False, True)
 
 
 def _odd_shape(

@@ -34,6 +34,8 @@ __all__ = [
     "new_managed",
     "new_object",
     "new_tuple",
+    "read_dims",
+    "read_versioned",
     "steal",
 ]
 
@@ -129,6 +131,10 @@ new_tuple: Final = tuple.__new__ if _direct is None else _direct.new_tuple
 # Writes a DLPack managed tensor with its shape and strides into one new block, from C: compiled
 # only (`_dlpack_export` packs the same struct with `struct` without it). See `_capi_c.new_managed`.
 new_managed: Final = None if _direct is None else _direct.new_managed
+# Load a producer's DLManagedTensorVersioned, and its shape and strides, from C: compiled only
+# (`_dlpack_c` unpacks the same fields with `struct` without them). See `_capi_c.read_versioned`.
+read_versioned: Final = None if _direct is None else _direct.read_versioned
+read_dims: Final = None if _direct is None else _direct.read_dims
 
 
 def dlpack_capsule_destructor(release: Any) -> int | None:

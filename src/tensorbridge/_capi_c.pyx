@@ -6,10 +6,12 @@ same job in `_capi`, which uses these when this module was compiled and ``TENSOR
 is not set. Only C-API mechanics live here: every rule about what the calls mean stays in the
 modules that make them. A ctypes call costs about 0.4 µs; these cost what a Python call does.
 
-One function writes memory rather than call the C-API: `new_managed` stores the fields of an
+Three functions touch memory rather than call the C-API: `new_managed` stores the fields of an
 exported DLPack managed struct that `_dlpack_export` has decided, as its pure-Python twin
 `_dlpack_export._pack_managed` packs them with `struct` (same arguments, same bytes, same
-`OverflowError`).
+`OverflowError`); `read_versioned` and `read_dims` load a producer's managed struct and its shape
+and strides, as their twins in `_dlpack_c` unpack them with `struct` (same fields, same values,
+None for the same addresses).
 """
 
 import sys
@@ -26,9 +28,10 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyTypeObject
 from cpython.exc cimport PyErr_Occurred
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
+from cpython.long cimport PyLong_FromLongLong
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
-from libc.string cimport strcmp
+from libc.string cimport memcpy, strcmp
 
 
 cdef inline const char* _name(object name) except? NULL:
@@ -482,3 +485,64 @@ def new_managed(
     tensor.strides = dims + ndim
     tensor.byte_offset = byte_offset
     return <uintptr_t>block.memory, block
+
+
+# Reading what a producer handed over. The address checks stay with the caller (`_dlpack_c`): a
+# reader returns None for memory outside [1, PY_SSIZE_T_MAX), the range its `struct` twin reads
+# through, so that `_dlpack_c.read` refuses the address in its own words. Fields are copied out
+# with memcpy: a producer's pointer need not be aligned.
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MAX
+
+
+cdef inline bint _outside(uintptr_t address, size_t size) noexcept:
+    # [address, address + size) outside [1, PY_SSIZE_T_MAX), with no sum that can wrap
+    if address == 0 or size > <size_t>PY_SSIZE_T_MAX:
+        return True
+    return address > <uintptr_t>(PY_SSIZE_T_MAX - <Py_ssize_t>size)
+
+
+def read_versioned(uintptr_t address):
+    """The fields of the ``DLManagedTensorVersioned`` at ``address``, in `_dlpack_c.VERSIONED`'s
+    order: major, minor, manager_ctx, deleter, flags, then the DLTensor's data, device type and id,
+    ndim, dtype (its 4 bytes as one native uint32), shape, strides and byte_offset; pointers as
+    unsigned ints. None for an address outside ``[1, PY_SSIZE_T_MAX)``."""
+    cdef DLManagedTensorVersioned m
+    if _outside(address, sizeof(m)):
+        return None
+    memcpy(&m, <void*>address, sizeof(m))
+    cdef DLTensor* t = &m.dl_tensor
+    cdef uint32_t word
+    memcpy(&word, &t.dtype, sizeof(word))
+    return (
+        m.version.major, m.version.minor, <uintptr_t>m.manager_ctx, <uintptr_t>m.deleter, m.flags,
+        <uintptr_t>t.data, t.device.device_type, t.device.device_id, t.ndim, word,
+        <uintptr_t>t.shape, <uintptr_t>t.strides, t.byte_offset,
+    )
+
+
+cdef tuple _int64s(uintptr_t address, Py_ssize_t n):
+    cdef tuple out = PyTuple_New(n)
+    cdef int64_t value
+    cdef Py_ssize_t i
+    cdef object item
+    for i in range(n):
+        memcpy(&value, <char*>address + i * <Py_ssize_t>sizeof(int64_t), sizeof(value))
+        item = PyLong_FromLongLong(value)
+        Py_INCREF(item)  # PyTuple_SET_ITEM steals the reference the local still owns
+        PyTuple_SET_ITEM(out, i, item)
+    return out
+
+
+def read_dims(uintptr_t shape, uintptr_t strides, Py_ssize_t ndim):
+    """The ``ndim`` int64s at ``shape`` and the ``ndim`` at ``strides``, as a pair of tuples (what
+    two reads of `_dlpack_c.INT64_ARRAYS[ndim]` give). None when either array lies outside
+    ``[1, PY_SSIZE_T_MAX)``; `ValueError` for a negative ``ndim``."""
+    if ndim < 0:
+        raise ValueError(f"read_dims(): ndim must be non-negative; got {ndim}")
+    if ndim > PY_SSIZE_T_MAX // <Py_ssize_t>sizeof(int64_t):
+        return None
+    cdef size_t size = <size_t>ndim * sizeof(int64_t)
+    if _outside(shape, size) or _outside(strides, size):
+        return None
+    return _int64s(shape, ndim), _int64s(strides, ndim)

@@ -56,17 +56,17 @@ from ._dlpack_c import (
     DTYPE_BY_WORD,
     INT64_ARRAYS,
     LEGACY,
-    MEMORY,
-    MEMORY_BASE,
     VERSIONED,
     exchange_api_of,
     read,
+    read_dims,
+    read_versioned,
 )
 from ._dlpack_export import _export
 from ._errors import NotDLPackError, short_repr
 from ._layout import MAX_NDIM, contiguous_strides
-from ._storage import DLPackStorage, Storage, locate, refusal_of, refused
-from ._tensor import Tensor, new_tensor
+from ._storage import Storage, locate, own_managed, refusal_of, refused
+from ._tensor import Tensor, _construct
 
 __all__ = ["from_dlpack", "to_dlpack"]
 
@@ -496,9 +496,8 @@ def _deleter_function(address: int) -> Any:
 def _versioned(managed: int) -> tuple[Tensor, int]:
     """The tensor a ``DLManagedTensorVersioned`` describes, with its flags, and its deleter's
     address; `BufferError` for another major version, before anything else is read."""
-    try:
-        fields = VERSIONED.unpack_from(MEMORY, managed - MEMORY_BASE)
-    except (struct.error, OverflowError):
+    fields = read_versioned(managed)
+    if fields is None:  # outside the readable range: `read` refuses the address, or reads it
         fields = read(VERSIONED, managed)
     (
         major, minor, _ctx, deleter, flags,
@@ -546,12 +545,11 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
     if dtype is None:
         raise _unsupported_dtype(dtype_word)
     device = CPU if dev_type == _kDLCPU else Device.from_dlpack(dev_type, dev_id)
-    if 0 < ndim <= MAX_NDIM and strides_p == shape_p + 8 * ndim and shape_p:
-        try:  # adjacent arrays (NumPy, tensorbridge): one read, inline on this hot path
-            both = INT64_ARRAYS[2 * ndim].unpack_from(MEMORY, shape_p - MEMORY_BASE)
-        except (struct.error, OverflowError):
-            both = read(INT64_ARRAYS[2 * ndim], shape_p)
-        shape, strides = both[:ndim], both[ndim:]
+    if 0 < ndim <= MAX_NDIM and shape_p and strides_p:
+        dims = read_dims(shape_p, strides_p, ndim)
+        if dims is None:  # outside the readable range: `read` refuses the address, or reads it
+            dims = read(INT64_ARRAYS[ndim], shape_p), read(INT64_ARRAYS[ndim], strides_p)
+        shape, strides = dims
     else:
         shape, strides = _shape_and_strides(ndim, shape_p, strides_p)
     for size in shape:  # DLPack's own rules first: sizes, the empty tensor, NULL data
@@ -559,8 +557,8 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
             if size == 0:
                 if min(shape) < 0:
                     raise _negative_shape(shape)
-                storage = DLPackStorage(data or 0, 0, device, readonly, copied, managed)
-                return new_tensor(storage, 0, shape, strides, dtype, "from_dlpack")
+                storage = own_managed(data or 0, 0, device, readonly, copied, managed)
+                return _construct(Tensor, storage, 0, shape, strides, dtype, "from_dlpack")
             if size < 0:
                 raise _negative_shape(shape)
     if not data:
@@ -604,8 +602,9 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
             f"address space; the producer wrote an invalid capsule."
         )
         raise BufferError(msg) from None
-    storage = DLPackStorage(start, nbytes, device, readonly, copied, managed)
-    return new_tensor(storage, offset, shape, strides, dtype, "from_dlpack", checked=True)
+    storage = own_managed(start, nbytes, device, readonly, copied, managed)
+    # requires_grad=False, checked=True, given by position: a C call when compiled
+    return _construct(Tensor, storage, offset, shape, strides, dtype, "from_dlpack", False, True)
 
 
 def _shape_and_strides(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any, Final
 
 from . import _capi
@@ -29,6 +30,8 @@ __all__ = [
     "exchange_api",
     "exchange_api_of",
     "read",
+    "read_dims",
+    "read_versioned",
 ]
 
 _CapsuleType: Final = _capi.CapsuleType
@@ -59,7 +62,7 @@ MEMORY: Final = _capi.PyMemoryView_FromMemory(
     MEMORY_BASE, sys.maxsize - MEMORY_BASE, _capi.PyBUF_READ
 )
 MEMORY_COVERS_ALL: Final = sys.maxsize >= 2**63 - 1
-INT64_ARRAYS: Final = [struct.Struct(f"@{n}q") for n in range(2 * MAX_NDIM + 1)]
+INT64_ARRAYS: Final = [struct.Struct(f"@{n}q") for n in range(MAX_NDIM + 1)]
 
 
 def _dtype_word(code: int, bits: int, lanes: int) -> int:
@@ -83,6 +86,37 @@ def read(fmt: struct.Struct, address: int) -> tuple[Any, ...]:
         )
         raise BufferError(msg) from None
     return fmt.unpack(ctypes.string_at(address, fmt.size))
+
+
+def _unpack_versioned(address: int) -> tuple[int, ...] | None:
+    """`VERSIONED`'s fields at ``address``; None outside `MEMORY`, for `read` to judge."""
+    try:
+        return VERSIONED.unpack_from(MEMORY, address - MEMORY_BASE)
+    except (struct.error, OverflowError):
+        return None
+
+
+def _unpack_dims(
+    shape: int, strides: int, ndim: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The ``ndim`` int64s at ``shape`` and at ``strides``; None outside `MEMORY`."""
+    fmt = INT64_ARRAYS[ndim]
+    try:
+        sizes = fmt.unpack_from(MEMORY, shape - MEMORY_BASE)
+        return sizes, fmt.unpack_from(MEMORY, strides - MEMORY_BASE)
+    except (struct.error, OverflowError):
+        return None
+
+
+# The reads on every import's path: ``read_versioned(address)`` gives a managed struct's fields,
+# ``read_dims(shape, strides, ndim)`` its shape and strides, each None where `read` must judge the
+# address instead. Compiled, `_capi` loads them from C (no format to interpret, no method call).
+read_versioned: Final[Callable[[int], tuple[int, ...] | None]] = (
+    _capi.read_versioned or _unpack_versioned
+)
+read_dims: Final[Callable[[int, int, int], tuple[tuple[int, ...], tuple[int, ...]] | None]] = (
+    _capi.read_dims or _unpack_dims
+)
 
 
 _EXCHANGE_API_NAME: Final = b"dlpack_exchange_api"

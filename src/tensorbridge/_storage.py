@@ -436,6 +436,12 @@ class DLPackStorage(_SelfOwned):
     def __init__(
         self, ptr: int, nbytes: int, device: Device, readonly: bool, is_copied: bool, managed: int
     ) -> None:
+        self._own(ptr, nbytes, device, readonly, is_copied, managed)
+
+    def _own(
+        self, ptr: int, nbytes: int, device: Device, readonly: bool, is_copied: bool, managed: int
+    ) -> None:
+        """Set every field, the deleter unarmed (compiled, a C method; see `own_managed`)."""
         self._fill(ptr, nbytes, device, readonly, None, is_copied)
         self.managed = managed  # the DLManagedTensor(Versioned)* handed to the deleter
         self.deleter: Any = None  # a ctypes function pointer, once armed
@@ -449,3 +455,13 @@ class DLPackStorage(_SelfOwned):
         if deleter is None or self._finalizing():
             return
         deleter(self.managed)
+
+
+def own_managed(
+    ptr: int, nbytes: int, device: Device, readonly: bool, is_copied: bool, managed: int
+) -> DLPackStorage:
+    """``DLPackStorage(ptr, nbytes, device, readonly, is_copied, managed)``, made without a call
+    of the type: compiled, the storage is allocated and filled in C (every import makes one)."""
+    storage = DLPackStorage.__new__(DLPackStorage)
+    storage._own(ptr, nbytes, device, readonly, is_copied, managed)
+    return storage
