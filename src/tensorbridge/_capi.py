@@ -61,7 +61,8 @@ PyCapsule_GetName: Final = _bind("PyCapsule_GetName", _vp, _py)
 
 # The calls on every import's and export's path: direct in the compiled build (`_capi_c`, same
 # signatures and errors), through ctypes otherwise. ``VoidFunction(address)`` calls
-# ``void f(void *)`` at an address without the GIL (a DLPack deleter).
+# ``void f(void *)`` at an address with the GIL held: a DLPack deleter, which must work with the GIL
+# held or not, and which NumPy and PyTorch, as consumers, call with it held too.
 def _compiled() -> Any:
     """The compiled `_capi_c`, or None (the pure-Python build, or TENSORBRIDGE_NO_EXTENSIONS=1)."""
     try:
@@ -88,7 +89,7 @@ else:
     PyCapsule_IsValid = _bind("PyCapsule_IsValid", _int, _py, _cp)
     PyCapsule_GetPointer = _bind("PyCapsule_GetPointer", _vp, _py, _cp)
     PyCapsule_SetName = _bind("PyCapsule_SetName", _int, _py, _cp)
-    VoidFunction = ctypes.CFUNCTYPE(None, _vp)
+    VoidFunction = ctypes.PYFUNCTYPE(None, _vp)
 
 
 class _ManagedFromPy:

@@ -72,7 +72,7 @@ ctypedef void (*_void_function)(void*) noexcept nogil
 
 cdef class VoidFunction:
     """A callable for the C function ``void f(void *)`` at an address (a DLPack deleter), called
-    without the GIL, as a ctypes ``CFUNCTYPE(None, c_void_p)`` object calls it."""
+    with the GIL held, as a ctypes ``PYFUNCTYPE(None, c_void_p)`` object calls it."""
 
     cdef _void_function function
 
@@ -82,8 +82,7 @@ cdef class VoidFunction:
         self.function = <_void_function><void*>address
 
     def __call__(self, uintptr_t argument):
-        with nogil:
-            self.function(<void*>argument)
+        self.function(<void*>argument)
 
 
 ctypedef int (*_from_py_function)(void* py_object, void** out)
