@@ -226,7 +226,7 @@ def test_the_build_reads_each_modules_cimports_from_its_pxd():
     setup = _setup_script()
     assert setup["CIMPORTS"]["_tensor"] == {"_fields"}
     assert setup["CIMPORTS"]["_dlpack_export"] == {"_fields", "_storage"}
-    assert setup["CIMPORTS"]["_dlpack"] == {"_storage", "_tensor"}
+    assert setup["CIMPORTS"]["_dlpack"] == {"_fields", "_storage", "_tensor"}
     assert setup["CIMPORTS"]["_storage"] == {"_layout"}
     assert setup["CIMPORTS"]["_fields"] == set()
 

@@ -93,10 +93,11 @@ _CapsuleType: Final = _capi.CapsuleType
 # Producer deleters are called through one ctypes function object per address (NumPy and PyTorch
 # each use one deleter for all their tensors).
 _DELETERS: dict[int, Any] = {}
-# The tables' ``get``, bound once (also `_producer_of` below): looking a method up costs each call
+# The table's ``get``, bound once (also `_producer_of` below): looking a method up costs each call
 # as much as calling it.
 _deleter_of: Final = _DELETERS.get
-_dtype_of_word: Final = DTYPE_BY_WORD.get
+# The dtypes by DLDataType word (compiled, a C global that `_tensor` looks up as a dict directly).
+_DTYPES: Final = DTYPE_BY_WORD
 
 
 def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Tensor:
@@ -143,26 +144,31 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
         tensor([7, 1, 2, 3])
     """
     if device is None and copy is None:
-        cls = type(ext_tensor)
-        if cls is Tensor:
-            return _alias(ext_tensor)
-        immutable = False
-        if cls is not _CapsuleType:
-            producer = _producer_of(cls) or _producer(cls)
-            if producer.exchange is not None:
-                t = _exchange_import(producer, ext_tensor)
-                if t is not None:
-                    return t
-            ext_tensor = _request(ext_tensor, producer, None, None)
-            immutable = producer.immutable
-        t, used_name, deleter = _open(ext_tensor, immutable)
-        # `_commit`, inlined on the hot path: rename, then arm the storage.
-        PyCapsule_SetName(ext_tensor, used_name)
-        if deleter:
-            storage: Any = t._storage  # a DLPackStorage
-            storage.deleter = _deleter_of(deleter) or _deleter_function(deleter)  # cache hit inline
-        return t
+        return _from_dlpack(ext_tensor)
     return _from_dlpack_with(ext_tensor, _as_target(device), as_copy(copy, "from_dlpack"))
+
+
+def _from_dlpack(ext_tensor: Any) -> Tensor:
+    """``from_dlpack`` with neither ``device`` nor ``copy``: the path nearly every call takes."""
+    cls = type(ext_tensor)
+    if cls is Tensor:
+        return _alias(ext_tensor)
+    immutable = False
+    if cls is not _CapsuleType:
+        producer = _producer_of(cls) or _producer(cls)
+        if producer.exchange is not None:
+            t = _exchange_import(producer, ext_tensor)
+            if t is not None:
+                return t
+        ext_tensor = _request(ext_tensor, producer, None, None)
+        immutable = producer.immutable
+    t, used_name, deleter = _open(ext_tensor, immutable)
+    # `_commit`, inlined on the hot path: rename, then arm the storage.
+    PyCapsule_SetName(ext_tensor, used_name)
+    if deleter:
+        storage: Any = t._storage  # a DLPackStorage
+        storage.deleter = _deleter_of(deleter) or _deleter_function(deleter)  # cache hit inline
+    return t
 
 
 def _alias(t: Tensor) -> Tensor:
@@ -541,7 +547,7 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
     data (the DLPack header allows both). The storage owns the managed tensor, but calls no deleter
     until `_arm` arms it.
     """
-    dtype = _dtype_of_word(dtype_word)
+    dtype = _DTYPES.get(dtype_word)
     if dtype is None:
         raise _unsupported_dtype(dtype_word)
     device = CPU if dev_type == _kDLCPU else Device.from_dlpack(dev_type, dev_id)
