@@ -550,6 +550,49 @@ def test_non_producer_is_a_type_error_naming_the_type(obj):
     assert isinstance(info.value, AttributeError)
 
 
+def test_producer_methods_are_looked_up_on_the_instance():
+    """``__dlpack__`` and ``__dlpack_device__`` are found as any attribute is: on the type, in the
+    instance, or through ``__getattr__``; an error raised inside either passes through unchanged."""
+    x = tb.arange(4.0)
+
+    class Proxy:  # forwards every attribute it lacks
+        def __init__(self, target):
+            self.target = target
+
+        def __getattr__(self, name):
+            return getattr(self.target, name)
+
+    class Bare:
+        pass
+
+    bare = Bare()
+    bare.__dlpack__, bare.__dlpack_device__ = x.__dlpack__, x.__dlpack_device__
+
+    class Shadowed:  # the instance's own methods come first, as for any attribute
+        def __dlpack__(self, **kwargs):
+            raise AssertionError("the instance's __dlpack__ was passed over")
+
+        def __dlpack_device__(self):
+            raise AssertionError("the instance's __dlpack_device__ was passed over")
+
+    shadowed = Shadowed()
+    shadowed.__dlpack__, shadowed.__dlpack_device__ = x.__dlpack__, x.__dlpack_device__
+    for producer in (Proxy(x), bare, shadowed, Proxy(x)):  # the second Proxy: the type is known
+        assert tb.from_dlpack(producer).data_ptr() == x.data_ptr()
+
+    class Failing:
+        def __dlpack__(self, **kwargs):
+            return x.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            raise AttributeError("lost its device")
+
+    for _ in range(2):
+        with pytest.raises(AttributeError, match="lost its device") as info:
+            tb.from_dlpack(Failing())
+        assert not isinstance(info.value, tb.NotDLPackError)
+
+
 def test_foreign_capsule_is_a_type_error_naming_it(crafted):
     """A capsule of another kind is a TypeError naming the capsule, and is left as it is."""
     producer = crafted(name=b"arrow_array")

@@ -10,7 +10,7 @@ from tensorbridge._tensor cimport _construct
 cdef dict _DTYPES
 
 cdef class _Producer:
-    cdef public object exchange, immutable, neg_bit, screen
+    cdef public object exchange, immutable, methods, neg_bit, screen
 
 @cython.locals(producer=_Producer, t=TensorFields, storage=DLPackStorage)
 cpdef _from_dlpack(ext_tensor)

@@ -225,11 +225,19 @@ class _Producer:
         screen: for ``torch.Tensor``, ``torch.strided``: its exchange function checks less than
             its ``__dlpack__`` (no autograd, conjugate or negative bit, layout), so tensors with any
             of those take the ``__dlpack__`` path, which refuses or resolves them as before.
+        methods: the type itself defines ``__dlpack__`` and ``__dlpack_device__``, so instances
+            have both: they are called as methods, with no bound method made (looked up on the
+            instance all the same). Without, they are looked up with ``getattr``, which also finds
+            what an instance or a ``__getattr__`` provides, or finds nothing.
     """
 
-    __slots__ = ("exchange", "immutable", "neg_bit", "screen")
+    __slots__ = ("exchange", "immutable", "methods", "neg_bit", "screen")
 
     def __init__(self, cls: type) -> None:
+        self.methods = all(
+            inspect.getattr_static(cls, name, None) is not None
+            for name in ("__dlpack__", "__dlpack_device__")
+        )
         self.neg_bit = hasattr(cls, "is_neg") and hasattr(cls, "resolve_neg")
         self.immutable = hasattr(cls, "__arrow_c_array__")
         self.exchange = exchange_api_of(cls)
@@ -293,14 +301,16 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
     asked again with the keywords it takes, when nothing is lost that tensorbridge cannot make up
     for (see `_fewer_keywords`).
     """
-    export = getattr(obj, "__dlpack__", None)
-    if export is None:
+    methods = producer.methods
+    if not methods and getattr(obj, "__dlpack__", None) is None:
         raise _not_a_producer(obj)
     if producer.neg_bit and obj.is_neg():
         obj = _resolve_neg(obj, copy)
-        export = obj.__dlpack__
-    device_fn = getattr(obj, "__dlpack_device__", None)
-    source = None if device_fn is None else device_fn()
+    if methods:
+        source = obj.__dlpack_device__()  # called as a method: no bound method is made
+    else:
+        device_fn = getattr(obj, "__dlpack_device__", None)
+        source = None if device_fn is None else device_fn()
     if source is not None and not (
         type(source) is tuple
         and len(source) == 2
@@ -314,14 +324,14 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
         kwargs = _request_kwargs(source, target, copy)
     try:
         if kwargs is _MAX_VERSION_ONLY:
-            capsule = export(max_version=DLPACK_VERSION)  # the common case: nothing else to ask
+            capsule = obj.__dlpack__(max_version=DLPACK_VERSION)  # the common case
         else:
-            capsule = export(**kwargs)
+            capsule = obj.__dlpack__(**kwargs)
     except TypeError as exc:
-        fewer = _fewer_keywords(obj, export, exc, kwargs, source, target, copy)
+        fewer = _fewer_keywords(obj, obj.__dlpack__, exc, kwargs, source, target, copy)
         if fewer is None:
             raise
-        capsule = export(**fewer)  # a failure here keeps the first TypeError as its context
+        capsule = obj.__dlpack__(**fewer)  # a failure here keeps the first TypeError as its context
     if type(capsule) is not _CapsuleType:
         msg = (
             f"from_dlpack(): {type(obj).__name__}.__dlpack__() returned an object of type "
