@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _capi, _cuda, _dlpack_c, _dlpack_export, _exports
+from tensorbridge import _capi, _cuda, _dlpack, _dlpack_c, _dlpack_export, _exports
 from tensorbridge._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -579,6 +579,8 @@ def test_producer_methods_are_looked_up_on_the_instance():
     shadowed.__dlpack__, shadowed.__dlpack_device__ = x.__dlpack__, x.__dlpack_device__
     for producer in (Proxy(x), bare, shadowed, Proxy(x)):  # the second Proxy: the type is known
         assert tb.from_dlpack(producer).data_ptr() == x.data_ptr()
+    # Proxy and Bare are looked up with getattr; Shadowed's are called as methods
+    assert [_dlpack._PRODUCERS[c].methods for c in (Proxy, Bare, Shadowed)] == [False, False, True]
 
     class Failing:
         def __dlpack__(self, **kwargs):

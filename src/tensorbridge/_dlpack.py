@@ -567,7 +567,7 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
             dims = read(INT64_ARRAYS[ndim], shape_p), read(INT64_ARRAYS[ndim], strides_p)
         shape, strides = dims
     else:
-        shape, strides = _shape_and_strides(ndim, shape_p, strides_p)
+        shape, strides = _shape_and_strides(ndim, shape_p)
     for size in shape:  # DLPack's own rules first: sizes, the empty tensor, NULL data
         if size <= 1:
             if size == 0:
@@ -623,10 +623,9 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
     return _construct(Tensor, storage, offset, shape, strides, dtype, "from_dlpack", False, True)
 
 
-def _shape_and_strides(
-    ndim: int, shape_p: int, strides_p: int
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shape and strides (in elements) behind the DLTensor's pointers."""
+def _shape_and_strides(ndim: int, shape_p: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape and strides (in elements) of a DLTensor that does not carry both arrays (`_tensor`
+    reads those itself): none for ndim 0, row-major strides for NULL ones; malformed otherwise."""
     if ndim == 0:
         return (), ()  # shape and strides may be NULL (DLPack 1.3): never read them
     if not 0 < ndim <= MAX_NDIM or not shape_p:
@@ -636,8 +635,6 @@ def _shape_and_strides(
         )
         raise BufferError(msg)
     shape = read(INT64_ARRAYS[ndim], shape_p)
-    if strides_p:
-        return shape, read(INT64_ARRAYS[ndim], strides_p)
     return shape, contiguous_strides(shape)
 
 

@@ -41,7 +41,7 @@ from ._device import CPU, Device
 from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
 from ._errors import short_repr
 from ._storage import Refusal, hold_buffer, refusal_of, refused, wrap
-from ._tensor import Tensor, _from_bytes, new_tensor
+from ._tensor import Tensor, _construct, _from_bytes
 
 __all__ = [
     "ArrowArray",
@@ -97,7 +97,7 @@ def wrap_memory(
         if refusal is None:
             raise
         raise memory_refused(refusal, dtype) from None
-    return new_tensor(storage, element_offset, shape, strides, dtype, api, checked=True)
+    return _construct(Tensor, storage, element_offset, shape, strides, dtype, api, False, True)
 
 
 def memory_refused(r: Refusal, dtype: DType) -> ValueError:

@@ -14,7 +14,7 @@ import itertools
 import math
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final
+from typing import Any
 
 from . import (
     _arrow_export,
@@ -920,11 +920,6 @@ class Tensor(TensorFields):
     def jax(self) -> Any:
         """A ``jax.Array`` from this memory (needs JAX; JAX may copy unless 64-byte aligned)."""
         return _peers.to_jax(self)
-
-
-# `Tensor._new` bound once, for the import paths (`_dlpack`, `_buffer`, `_interfaces`): looking the
-# classmethod up and binding it on each call is a tenth of a compiled frombuffer.
-new_tensor: Final = Tensor._new
 
 
 # ---------------------------------------------------------------------- helpers
