@@ -64,27 +64,28 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
 
     PyTorch attributes its warnings to the user's line; a fixed ``stacklevel`` cannot, because the
     number of tensorbridge frames above the user's code depends on the call path and on the build
-    (compiled functions have no frames at all). So the interpreter's real frames are walked past
-    every one whose file lies in the package, and the warning is issued as ``warnings.warn`` would
-    for that frame: its file, line, module name and ``__warningregistry__``, so filters, "once"
-    and "default" actions behave as for any warning.
+    (compiled functions have no frames at all). So the interpreter's real frames are counted from
+    the innermost one (which ``warnings.warn`` calls level 1 in either build) past every one whose
+    file lies in the package, and ``warnings.warn`` is called with that level: the warning is the
+    one Python itself issues for that frame (its file, line, module name, ``__warningregistry__``,
+    filters, "once" and "default"), wherever the frame's code lives: a file, a zip archive, the
+    interactive prompt, ``python -c``, standard input, ``python -m``, or a string run by ``exec``
+    with any globals (no ``__name__``, a ``__loader__`` that cannot give source). Nothing asks the
+    frame's loader for its source, which such loaders refuse. With no frame outside the package
+    (a thread that runs tensorbridge alone), the innermost frame is named; with no Python frame at
+    all (compiled code in a thread started from C), Python names ``sys``.
     """
-    frame: FrameType | None = sys._getframe()
+    # The walk starts here, in the function that calls warnings.warn (a helper would add a frame
+    # in one build only): sys._getframe() is the frame warnings.warn counts as level 1.
+    try:
+        frame: FrameType | None = sys._getframe()
+    except ValueError:  # no Python frame at all: compiled code in a thread started from C
+        frame = None
+    level = 1
     while frame is not None and _in_package(frame.f_code.co_filename):
         frame = frame.f_back
-    if frame is None:  # only tensorbridge frames (a thread started by tensorbridge): no user line
-        warnings.warn(message, category, stacklevel=1)
-        return
-    module_globals = frame.f_globals
-    warnings.warn_explicit(
-        message,
-        category,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        module_globals.get("__name__", "<string>"),
-        module_globals.setdefault("__warningregistry__", {}),
-        module_globals,
-    )
+        level += 1
+    warnings.warn(message, category, stacklevel=1 if frame is None else level)
 
 
 def _in_package(filename: str) -> bool:
