@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import ctypes
 import gc
+import re
 import struct
 import weakref
 from typing import Any, ClassVar
@@ -756,6 +757,152 @@ def test_numpy_scalar():
     t = tb.asarray(np.float64(1.25))
     assert t.ndim == 0
     assert t.item() == 1.25
+
+
+# PyTorch 2.13's refusal of copy=False for a NumPy scalar (torch/csrc/utils/tensor_new.cpp), a
+# RuntimeError; tensorbridge's message holds it, the function's name and the fix.
+NUMPY_SCALAR_ALIAS = (
+    "can't alias NumPy scalars. Either remove copy=False or transform it in a ndarray."
+)
+
+NUMPY_SCALARS = {
+    "float64": lambda: np.float64(0.5),
+    "float32": lambda: np.float32(-1.25),
+    "float16": lambda: np.float16(1.5),
+    "int64": lambda: np.int64(-7),
+    "int32": lambda: np.int32(3),
+    "int8": lambda: np.int8(-2),
+    "uint8": lambda: np.uint8(200),
+    "uint64": lambda: np.uint64(2**63),
+    "bool": lambda: np.bool_(True),
+    "complex64": lambda: np.complex64(1 - 2j),
+    "complex128": lambda: np.complex128(0.5j),
+    "datetime64": lambda: np.datetime64("2020-01-02"),
+    "timedelta64": lambda: np.timedelta64(3, "s"),
+    "void": lambda: np.void(b"ab"),
+    "structured": lambda: np.zeros(1, dtype="i4,f8")[0],
+    "str": lambda: np.str_("a"),
+    "bytes": lambda: np.bytes_(b"a"),
+}
+# The NumPy scalars whose dtype tensorbridge has (the others are refused with copy=None too).
+NUMERIC_SCALARS = [name for name in NUMPY_SCALARS if name[0] in "fiucb" and name != "bytes"]
+
+
+@pytest.mark.parametrize("name", list(NUMPY_SCALARS))
+def test_numpy_scalar_with_copy_false_is_refused(name):
+    """copy=False never copies, and a NumPy scalar has no memory to share (its interface points
+    into a new array at each read): PyTorch's RuntimeError, naming the call and the fix, for every
+    ``numpy.generic``, before any dtype or device is considered."""
+    value = NUMPY_SCALARS[name]()
+    for kwargs in ({}, {"dtype": tb.float32}, {"device": "cpu"}):
+        with pytest.raises(RuntimeError) as info:
+            tb.asarray(value, copy=False, **kwargs)
+        message = str(info.value)
+        assert message.startswith("asarray(): ") and NUMPY_SCALAR_ALIAS in message
+        assert "copy=None or copy=True" in message and type(value).__name__ in message
+
+
+def test_numpy_scalar_refusal_is_torchs():
+    """torch.asarray refuses copy=False for NumPy scalars with the type and words kept above."""
+    torch = pytest.importorskip("torch")
+    for make in NUMPY_SCALARS.values():
+        with pytest.raises(RuntimeError, match=re.escape(NUMPY_SCALAR_ALIAS)):
+            torch.asarray(make(), copy=False)
+
+
+@pytest.mark.parametrize("copy", [None, True])
+@pytest.mark.parametrize("name", NUMERIC_SCALARS)
+def test_numpy_scalar_with_copy_none_or_true_holds_its_value(name, copy):
+    """copy=None and copy=True give a 0-d tensor of the scalar's dtype and value, as torch does."""
+    value = NUMPY_SCALARS[name]()
+    t = tb.asarray(value, copy=copy)
+    assert t.ndim == 0 and t.dtype.name == value.dtype.name
+    assert t.item() == value.item() and not t.is_readonly
+    t.fill_(0)  # the tensor's memory is its own: the scalar keeps its value
+    assert value == NUMPY_SCALARS[name]()
+    torch = pytest.importorskip("torch")
+    theirs = torch.asarray(NUMPY_SCALARS[name](), copy=copy)
+    assert t.dtype.name == str(theirs.dtype).removeprefix("torch.")
+    assert tb.asarray(value, copy=copy).item() == theirs.item()
+
+
+class _FreshArrayEachRead:
+    """``__array_interface__`` describes a new array at each read, kept alive by the dictionary
+    (its ``data`` is the array itself)."""
+
+    @property
+    def __array_interface__(self):
+        a = np.arange(3.0)
+        return {**a.__array_interface__, "data": a}
+
+
+class _FreshPointerEachRead:
+    """``__array_interface__`` points at a new array at each read, which the object keeps."""
+
+    def __init__(self):
+        self.made: list[Any] = []
+
+    @property
+    def __array_interface__(self):
+        self.made.append(np.arange(3.0))
+        return self.made[-1].__array_interface__
+
+
+class _MarkedTemporary:
+    """``__array_interface__`` with NumPy's ``'__ref'``: the array made for this dictionary."""
+
+    @property
+    def __array_interface__(self):
+        a = np.arange(3.0)
+        return {**a.__array_interface__, "__ref": a}
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (_FreshArrayEachRead, "describes other memory each time it is read"),
+        (_FreshPointerEachRead, "describes other memory each time it is read"),
+        (_MarkedTemporary, "'__ref'"),
+    ],
+)
+def test_copy_false_refuses_an_interface_over_a_temporary(make, reason):
+    """An ``__array_interface__`` over memory made for the dictionary (marked by ``'__ref'``, or
+    other memory at each read) is nothing ``copy=False`` could share: ValueError, as for every
+    alias refusal, naming the call, the object and the fix. copy=None and True still copy it."""
+    obj = make()
+    with pytest.raises(ValueError, match=re.escape(reason)) as info:
+        tb.asarray(obj, copy=False)
+    message = str(info.value)
+    assert message.startswith("asarray(): can't alias the memory of ")
+    assert type(obj).__name__ in message and "copy=None or copy=True" in message
+    for copy in (None, True):
+        t = tb.asarray(make(), copy=copy)
+        assert t.dtype is tb.float64 and t.tolist() == [0.0, 1.0, 2.0]
+
+
+class _SameMemoryNewDict:
+    """A new dictionary at each read, over the same memory: a pointer, or a new memoryview."""
+
+    def __init__(self, arr, as_buffer):
+        self.arr, self.as_buffer = arr, as_buffer
+
+    @property
+    def __array_interface__(self):
+        iface = self.arr.__array_interface__
+        return {**iface, "data": memoryview(self.arr)} if self.as_buffer else iface
+
+
+@pytest.mark.parametrize("as_buffer", [False, True])
+def test_copy_false_shares_an_interface_read_anew_over_the_same_memory(as_buffer):
+    """An interface rebuilt at each read but over the object's own memory is shared with
+    copy=False (the second read's memory is compared, not its dictionary)."""
+    a = np.arange(4, dtype=np.int32)
+    t = tb.asarray(_SameMemoryNewDict(a, as_buffer), copy=False)
+    assert t.data_ptr() == a.ctypes.data
+    t[0] = 9
+    assert a[0] == 9
+    shared = tb.asarray(InterfaceOnly(a), copy=False)
+    assert shared.data_ptr() == a.ctypes.data
 
 
 def test_torch_tensor_is_shared():

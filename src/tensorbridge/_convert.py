@@ -145,6 +145,25 @@ def _is_ndarray(cls: type) -> bool:
     return numpy is not None and cls is getattr(numpy, "ndarray", None)
 
 
+def _is_numpy_scalar(obj: Any) -> bool:
+    """Whether ``obj`` is a NumPy scalar (any ``numpy.generic``: numbers, bools, datetimes,
+    strings, structured ``void``s); NumPy is imported already when one exists."""
+    numpy = sys.modules.get("numpy")
+    generic = None if numpy is None else getattr(numpy, "generic", None)
+    return generic is not None and isinstance(obj, generic)
+
+
+def _numpy_scalar_refusal(obj: Any, api: str) -> str:
+    """PyTorch's refusal of ``copy=False`` for a NumPy scalar, which holds no memory to share (its
+    ``__array_interface__`` points into a new array at each read), naming the call and the fix."""
+    cls = type(obj)
+    return (
+        f"{api}(): can't alias NumPy scalars. Either remove copy=False or transform it in a "
+        f"ndarray. Got {short_repr(obj)} ({cls.__module__}.{cls.__qualname__}), whose value lives "
+        f"in no memory a tensor could share; pass copy=None or copy=True for a tensor holding it."
+    )
+
+
 def _type_decides(cls: type, path: str, attribute: str | None) -> bool:
     """Whether every instance of ``cls`` takes ``path``, which one instance took.
 
@@ -255,7 +274,7 @@ def _import(
     if path is _CUDA_ARRAY_INTERFACE:
         return _interfaces.import_cuda_array_interface(obj, found, api), False
     if path is _ARRAY_INTERFACE:
-        return _interfaces.import_array_interface(obj, found, api), False
+        return _interfaces.import_array_interface(obj, found, api, copy is False), False
     return import_buffer(obj, api), False
 
 
@@ -327,7 +346,11 @@ def asarray(
         device: the result's device; another device than the source's means a copy (host memory only).
         copy: None shares when possible and copies when needed; True always copies; False never copies
             and raises `ValueError` naming why a copy would be needed (PyTorch's texts: "can't alias
-            tensor with dtype ...", "can't alias arbitrary sequence into a tensor.").
+            tensor with dtype ...", "can't alias arbitrary sequence into a tensor."). A NumPy scalar
+            has no memory to share: PyTorch's `RuntimeError` ("can't alias NumPy scalars"). Nor has
+            an ``__array_interface__`` over a temporary (NumPy's ``'__ref'`` entry, or other memory
+            each time it is read: with False the interface is read twice): `ValueError`. An
+            interface whose memory nothing keeps alive cannot be told from one whose memory lives.
         requires_grad: mark the result as requiring gradients (floating and complex dtypes only). A
             tensor passed in is never modified: a new view carries the flag.
 
@@ -351,6 +374,8 @@ def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, a
     want = None if device is None else as_device(device, api)
     if copy is not None:
         copy = as_copy(copy, api)
+        if copy is False and _is_numpy_scalar(obj):
+            raise RuntimeError(_numpy_scalar_refusal(obj, api))
     path, found = _dispatch(obj)
     if path is _TENSOR:
         t, copied = obj, False

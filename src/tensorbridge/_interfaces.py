@@ -277,19 +277,22 @@ def _data_pointer(data: object, api: str, name: str) -> tuple[int, bool]:
     return ptr, bool(data[1])
 
 
-def import_array_interface(obj: object, iface: object, api: str) -> Tensor:
+def import_array_interface(obj: object, iface: object, api: str, alias: bool = False) -> Tensor:
     """A tensor sharing the memory ``obj`` describes through ``__array_interface__`` (version 3).
 
     ``data`` is a ``(pointer, read_only)`` pair, a buffer object, or None/absent (``obj``'s own buffer).
     ``offset`` (bytes) applies to buffer data only, as in NumPy; buffer data also gives an extent, so the
     layout is bounds-checked against it. The storage keeps ``obj`` alive (and NumPy's ``__ref``, the
-    temporary array a NumPy scalar's interface points into).
+    temporary array a NumPy scalar's interface points into). With ``alias`` (``copy=False``) the
+    memory must be ``obj``'s own, not a temporary made for the dictionary: `_refuse_temporary`.
     """
     name = "__array_interface__"
     iface, layout = _parse_layout(iface, api, name)
     data = iface.get("data")
     if isinstance(data, tuple):
         ptr, readonly = _data_pointer(data, api, name)
+        if alias:
+            _refuse_temporary(obj, iface, ptr, api)
         ref = iface.get("__ref")
         owner = obj if ref is None else (obj, ref)
         return wrap_memory(
@@ -308,6 +311,8 @@ def import_array_interface(obj: object, iface: object, api: str) -> Tensor:
     if not 0 <= offset <= view.len:
         msg = f"{api}(): {name} offset {offset} lies outside the data buffer of {view.len} bytes."
         raise ValueError(msg)
+    if alias and data is not None:  # obj's own buffer (no data) is obj's memory by definition
+        _refuse_temporary(obj, iface, (view.buf or 0) + offset, api)
     return wrap_memory(
         (view.buf or 0) + offset,
         0,
@@ -320,6 +325,58 @@ def import_array_interface(obj: object, iface: object, api: str) -> Tensor:
         api=api,
         nbytes=view.len - offset,
     )
+
+
+def _refuse_temporary(obj: object, iface: dict[str, Any], address: int, api: str) -> None:
+    """Raise `ValueError` when ``iface``, ``obj``'s ``__array_interface__``, describes a temporary
+    (memory made for that dictionary alone) rather than memory ``obj`` keeps: ``copy=False`` would
+    then share nothing with ``obj``.
+
+    Detected: a ``'__ref'`` entry (NumPy's mark of the array it made for the dictionary, as every
+    NumPy scalar's interface has), and an interface that describes other memory when read again
+    while the first one's memory is still held (a property that makes a new array at each read and
+    keeps it alive through the dictionary). Not detectable: memory that nothing keeps alive (a
+    property handing out the address of an array that dies as it returns): freed memory cannot be
+    told from live memory, and a second read may be given the same address again.
+    """
+    if "__ref" in iface:
+        reason = (
+            "it points into the temporary array NumPy made for that dictionary alone (its '__ref')"
+        )
+    else:
+        again = getattr(obj, "__array_interface__", None)
+        if again is iface:
+            return
+        other = _first_byte(obj, again)
+        if other == address:
+            return
+        seen = "no memory" if other is None else f"{other:#x}"
+        reason = (
+            f"it describes other memory each time it is read ({address:#x}, then {seen}), so the "
+            f"memory is a temporary made for each dictionary"
+        )
+    msg = (
+        f"{api}(): can't alias the memory of {short_repr(obj)} with copy=False: "
+        f"{reason}, not memory the object keeps. Pass copy=None or copy=True for a tensor holding "
+        f"a copy."
+    )
+    raise ValueError(msg)
+
+
+def _first_byte(obj: object, iface: object) -> int | None:
+    """The address an ``__array_interface__`` dictionary's data starts at (its buffer held while
+    it is read), or None when it names none."""
+    if not isinstance(iface, dict):
+        return None
+    data = iface.get("data")
+    if isinstance(data, tuple):
+        return data[0] if data and type(data[0]) is int else None
+    offset = iface.get("offset", 0)
+    try:
+        _held, view = hold_buffer(obj if data is None else data, _capi.PY_BUF_SIMPLE)
+    except (TypeError, BufferError):
+        return None
+    return (view.buf or 0) + offset if type(offset) is int else None
 
 
 def _hold_data_buffer(data: object, api: str, name: str) -> tuple[object, Any]:
