@@ -181,10 +181,14 @@ class Call:
 
 @dataclass
 class Case:
+    """``transfer``: the calls move the bytes between processes, so they copy by nature and are
+    timed at any size (at `BIG` and above, a first call slower than 20 ms is otherwise refused)."""
+
     group: str
     size: int
     tb: Call
     peers: list[Call]
+    transfer: bool = False
 
 
 def _names(key: str, module: ModuleType) -> dict[str, Any]:
@@ -271,11 +275,16 @@ class Context:
         return Call(label, template.format(x="x"), scope, target)
 
     def case(
-        self, group: str, size: int, tbcall: Call | None, *peers: Call | None
+        self,
+        group: str,
+        size: int,
+        tbcall: Call | None,
+        *peers: Call | None,
+        transfer: bool = False,
     ) -> Iterator[Case]:
         """Yields the case when tensorbridge's call exists (peers that are None are left out)."""
         if tbcall is not None:
-            yield Case(group, size, tbcall, [p for p in peers if p is not None])
+            yield Case(group, size, tbcall, [p for p in peers if p is not None], transfer)
 
     def close(self) -> None:
         self._inputs.clear()
@@ -352,7 +361,7 @@ def run_case(case: Case, settings: Settings) -> Result:
     Interleaving (tb, peer 1, peer 2, tb, ...) exposes every call to the same load on a shared
     machine, so the ratios stay meaningful even when the absolute figures drift.
     """
-    big = case.size >= BIG
+    big = case.size >= BIG and not case.transfer
     timers = [_Timer(call, settings, big) for call in (case.tb, *case.peers)]
     for _ in range(settings.repeat):
         for timer in timers:

@@ -7,6 +7,12 @@ Rows:
     (``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1``: a writable tensor over the shared store).
   * dask round trip -- a tensor sent to a worker of ``LocalCluster(processes=True)`` and back
     (``client.submit(...).result()``, at the sizes up to 1 MiB), next to NumPy and PyTorch.
+  * dask result, dask gather, dask gather direct -- a 16 MiB float32 and a 16 MiB bfloat16
+    tensor made on a worker, fetched by ``future.result()`` and ``client.gather([future])`` (both
+    through the scheduler) and ``client.gather([future], direct=True)`` (from the worker), next to
+    a 16 MiB float32 NumPy array and PyTorch tensor fetched the same way; target: within 1.3x of
+    NumPy. Every fetch moves the bytes between processes, so these rows are timed although they
+    copy.
 
 Starting Ray or a Dask cluster takes seconds, so these rows are left out of ``--quick`` runs
 (a budget under 0.1 s per call) unless this script is named with ``--only``. Each peer is
@@ -24,14 +30,17 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import tensorbridge as tb
 from tensorbridge.testing import local_ray
 
 if __package__:
-    from ._harness import Case, Context, GiB, MiB, script_main
+    from ._harness import Call, Case, Context, GiB, MiB, script_main
 else:  # run as a file: python benchmarks/bench_scaleout.py
-    from _harness import Case, Context, GiB, MiB, script_main
+    from _harness import Call, Case, Context, GiB, MiB, script_main
 
 RAY_SIZES = (64 * MiB, GiB)
+DASK_FETCH_SIZE = 16 * MiB
+DASK_FETCH_TARGET = 1.3  # tensorbridge / NumPy, per fetch
 _QUICK_BUDGET = 0.1  # seconds per call: below this the run is --quick
 
 
@@ -170,10 +179,69 @@ def _dask_round_trip(ctx: Context) -> Iterator[Case]:
             )
 
 
+# How each row fetches a future that lives on the worker ({x}: the future).
+_FETCHES = (
+    ("dask result", "{x}.result()"),
+    ("dask gather", "client.gather([{x}])"),
+    ("dask gather direct", "client.gather([{x}], direct=True)"),
+)
+_FETCHED = (("tb float32", "float32"), ("tb bfloat16", "bfloat16"))
+
+
+def _on_worker(client: Any, ctx: Context) -> dict[str, Any]:
+    """Futures of 16 MiB of ones made on the worker, by what they hold: tb float32 and bfloat16,
+    NumPy and PyTorch float32 (where installed). The makers are imported there by reference."""
+    futures = {}
+    for label, name in _FETCHED:
+        dtype = getattr(tb, name)
+        futures[label] = client.submit(
+            tb.ones, DASK_FETCH_SIZE // dtype.itemsize, dtype=dtype, pure=False
+        )
+    n = DASK_FETCH_SIZE // 4
+    if ctx.np is not None:
+        futures["ndarray float32"] = client.submit(ctx.np.ones, n, dtype=ctx.np.float32, pure=False)
+    if ctx.torch is not None:
+        futures["torch float32"] = client.submit(
+            ctx.torch.ones, n, dtype=ctx.torch.float32, pure=False
+        )
+    _import("distributed").wait(list(futures.values()))
+    return futures
+
+
+def _dask_fetches(ctx: Context) -> Iterator[Case]:
+    if not _wanted(ctx, "dask") or _import("distributed") is None:
+        return
+    with _local_dask() as client:
+        futures = _on_worker(client, ctx)
+
+        def fetch(template: str, held: str, target: float | None = None) -> Call | None:
+            return ctx.call(
+                template,
+                "f",
+                shown=f"{template}, f: {held}",
+                target=target,
+                x=futures.get(held),
+                client=client,
+            )
+
+        for group, template in _FETCHES:
+            for label, _ in _FETCHED:
+                yield from ctx.case(
+                    group,
+                    DASK_FETCH_SIZE,
+                    fetch(template, label),
+                    fetch(template, "ndarray float32", DASK_FETCH_TARGET),
+                    fetch(template, "torch float32"),
+                    transfer=True,
+                )
+
+
 def cases(ctx: Context) -> Iterator[Case]:
-    """``ray.get`` at 64 MiB and 1 GiB, and a Dask round trip up to 1 MiB, where installed."""
+    """``ray.get`` at 64 MiB and 1 GiB, a Dask round trip up to 1 MiB, and Dask results and
+    gathers of 16 MiB, where installed."""
     yield from _ray_get(ctx)
     yield from _dask_round_trip(ctx)
+    yield from _dask_fetches(ctx)
 
 
 if __name__ == "__main__":

@@ -360,6 +360,55 @@ def test_doctor_without_progress_writes_nothing_to_stderr():
     assert proc.stderr == ""
 
 
+_READONLY_CHECK = (
+    "read-only tensors refuse writes in tensorbridge and NumPy; PyTorch imports them writable"
+)
+
+
+def _readonly_check(*peers: str) -> dict:
+    proc = _run("doctor", "--peers", ",".join(peers) or "none", "--json")  # no Ray, no Dask
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (check,) = [c for c in json.loads(proc.stdout)["checks"] if c["name"] == _READONLY_CHECK]
+    return check
+
+
+def test_doctor_shows_what_read_only_protects_without_peers():
+    """With no peer, the check proves tensorbridge's refusal and says nothing about PyTorch."""
+    check = _readonly_check()
+    assert check["ok"] is True
+    assert check["detail"] == "t[0] = 99 raises ValueError"
+
+
+@pytest.mark.skipif(
+    not (_installed("numpy") and _installed("torch")), reason="needs NumPy and PyTorch"
+)
+def test_doctor_shows_what_read_only_protects():
+    """NumPy's views of a read-only tensor refuse writes; PyTorch's imports of it are reported as
+    they are, measured (here too: a write through torch.from_dlpack lands in the read-only memory,
+    as PyTorch ignores DLPack's READ_ONLY flag), and the check still passes."""
+    import torch
+
+    import tensorbridge as tb
+
+    check = _readonly_check("numpy", "torch")
+    assert check["ok"] is True
+    detail = check["detail"]
+    assert detail.startswith("t[0] = 99 raises ValueError; np.asarray(t)")
+    assert "are read-only and refuse writes" in detail
+    memory = bytearray(8)
+    for i, convert in enumerate((torch.from_dlpack, torch.asarray)):
+        y = convert(tb.frombuffer(memoryview(memory).toreadonly(), dtype=tb.uint8))
+        y[i] = 1
+        if memory[i] == 1:
+            said = (
+                f"torch.{convert.__name__}(t) is writable over the same memory (a write reached it)"
+            )
+            assert said in detail
+    if memory != bytearray(8):
+        assert "PyTorch has no read-only tensors (documented, not a failure)" in detail
+        assert detail.endswith("to write, copy first (t.clone())")
+
+
 def test_doctor_exits_zero_with_the_peers_hidden():
     """With every peer unimportable, the doctor reports them and still exits 0."""
     proc = _run("doctor", "--json", code=_BLOCK_PEERS)

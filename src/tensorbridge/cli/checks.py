@@ -8,6 +8,7 @@ Each check returns a short detail on success and raises `_Failed` (or anything) 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import mmap
@@ -42,6 +43,7 @@ __all__ = [
     "ChildCheck",
     "check_numpy_readonly",
     "check_pyarrow_import",
+    "check_readonly_protection",
     "run_check",
 ]
 
@@ -407,6 +409,75 @@ def check_numpy_readonly(sides: dict[str, Side]) -> str:
 
 class _Skipped(Exception):
     pass
+
+
+def _refuses_write(write: Callable[[], Any]) -> bool:
+    try:
+        write()
+    except ValueError:  # tensorbridge's and NumPy's word for a write to read-only memory
+        return True
+    return False
+
+
+def _torch_writes_through(torch: Any, t: tb.Tensor, memory: bytearray) -> list[str]:
+    """What PyTorch's imports of read-only ``t`` do, measured: each writes one byte and looks for
+    it in ``memory`` (which ``t`` views read-only, so a write that lands changes nothing else)."""
+    found = []
+    for i, (call, convert) in enumerate(
+        (("torch.from_dlpack(t)", torch.from_dlpack), ("torch.asarray(t)", torch.asarray))
+    ):
+        marker = 200 + i
+        try:
+            y = convert(t)
+            y[i] = marker
+        except Exception as exc:  # a PyTorch that honours READ_ONLY
+            found.append(f"{call} refuses ({one_line(exc)})")
+            continue
+        shared = y.data_ptr() == t.data_ptr()
+        if memory[i] == marker:
+            found.append(f"{call} is writable over the same memory (a write reached it)")
+        else:
+            found.append(f"{call} is {'writable but did not write' if shared else 'a copy'}")
+    return found
+
+
+@_check("read-only tensors refuse writes in tensorbridge and NumPy; PyTorch imports them writable")
+def check_readonly_protection(sides: dict[str, Side]) -> str:
+    """What read-only protects, measured on a read-only view of a ``bytearray`` (as ``ray.get``
+    gives a read-only view of Ray's object store): tensorbridge and NumPy refuse writes; PyTorch
+    has no read-only tensors, so its imports are writable (a documented fact, not a failure)."""
+    memory = bytearray(range(1, 9))
+    t = tb.frombuffer(memoryview(memory).toreadonly(), dtype=tb.uint8)
+
+    def write() -> None:
+        t[0] = 99
+
+    if not t.is_readonly or not _refuses_write(write) or memory[0] != 1:
+        msg = "a read-only tensor over a bytearray took a write"
+        raise _Failed(msg)
+    done = ["t[0] = 99 raises ValueError"]
+    if "numpy" in sides:
+        np = sides["numpy"].np  # type: ignore[attr-defined]
+        arrays = {"np.asarray(t)": np.asarray(t)}
+        # NumPy before 2.1 asks for a legacy capsule, which a read-only tensor refuses (documented)
+        with contextlib.suppress(BufferError):
+            arrays["np.from_dlpack(t)"] = np.from_dlpack(t)
+        for call, a in arrays.items():
+
+            def write_array(a: Any = a) -> None:
+                a[0] = 99
+
+            if a.flags.writeable or not _refuses_write(write_array) or memory[0] != 1:
+                msg = f"{call} of a read-only tensor took a write"
+                raise _Failed(msg)
+        done.append(f"{' and '.join(arrays)} are read-only and refuse writes")
+    if "torch" in sides:
+        found = _torch_writes_through(sides["torch"].torch, t, memory)  # type: ignore[attr-defined]
+        done.append(
+            "PyTorch has no read-only tensors (documented, not a failure): " + ", ".join(found)
+        )
+        done.append("to write, copy first (t.clone())")
+    return "; ".join(done)
 
 
 @_check("pyarrow imports tensors through the Arrow C data interface, no copy")

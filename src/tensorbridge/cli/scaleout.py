@@ -7,8 +7,10 @@ on another core while the doctor proves the exchange matrix, checks:
   calls give read-only tensors at one address (views of the object store, not copies), writes
   raise, and the bytes are right, for float32, bfloat16, float8_e4m3fn and complex64; a task
   receives its argument the same way. Starting Ray takes seconds, which the progress line says.
-* **Dask** -- ``distributed.protocol.serialize`` hands the tensor's own memory over as a frame (the
-  pickle holds only the metadata), and ``deserialize`` rebuilds the tensor over that frame.
+* **Dask** -- ``distributed.protocol.serialize`` hands the tensor's own memory over as its one frame
+  (the header holds only the metadata; registered through the ``dask.sizeof`` entry point), also
+  in a message at pickle protocol 4 (the scheduler's), ``deserialize`` rebuilds the tensor over
+  that frame, and Dask's ``sizeof`` is the tensor's ``nbytes``.
 
 A check is failed only when the transport works and tensorbridge copies, loses the read-only flag
 or the bytes; a transport that cannot start here is reported as skipped. The child uses the
@@ -88,22 +90,26 @@ def check_ray():
 
 
 def check_dask():
-    from distributed.protocol import deserialize, serialize
+    from dask.sizeof import sizeof
+    from distributed.protocol import deserialize, dumps, serialize, to_serialize
 
     t = tensor("bfloat16").reshape(256, 512).T
     header, frames = serialize(t)
-    if len(frames) != 2:
-        return {"frames": len(frames), "serializer": header.get("serializer")}
-    address = tb.frombuffer(frames[1], dtype=tb.uint8).data_ptr()
+    if header.get("serializer") != "dask" or len(frames) != 1:
+        return {"unregistered": f"{header.get('serializer')} serializer, {len(frames)} frames"}
+    address = tb.frombuffer(frames[0], dtype=tb.uint8).data_ptr()
     u = deserialize(header, frames)
+    # pickle protocol 4: what the scheduler's connections use (results and gathers pass there)
+    message = dumps({"x": to_serialize(t)}, context={"pickle-protocol": 4})
+    sizes = [len(memoryview(f).cast("B")) for f in message]
     return {
-        "frames": 2,
-        "serializer": header.get("serializer"),
-        "pickle_bytes": len(frames[0]),
+        "header_bytes": sum(sizes) - t.nbytes,
+        "sizeof": sizeof(t) == t.nbytes,
         "frame_is_the_tensor": address == t.data_ptr(),
         "rebuilt_over_the_frame": u.data_ptr() == address,
         "same": u.dtype is t.dtype and u.stride() == t.stride() and bytes(u.contiguous().as_memoryview())
         == bytes(t.contiguous().as_memoryview()),
+        "protocol_4_out_of_band": t.nbytes in sizes and sum(sizes) - t.nbytes < 1000,
     }
 
 
@@ -194,15 +200,24 @@ def _judge(transport: str, found: dict[str, Any]) -> Check:
             f"two gets share one read-only copy, writes raise, task arguments too; "
             f"{', '.join(dtypes)} (Ray started in {found.get('started_s')} s)",
         )
-    flags = {k: found.get(k) for k in ("frame_is_the_tensor", "rebuilt_over_the_frame", "same")}
-    if found.get("frames") != 2 or not all(flags.values()):
+    if "unregistered" in found:
+        return Check(
+            name,
+            False,
+            f"failed: distributed sends tensors with its fallback ({found['unregistered']}): "
+            f"the dask.sizeof entry point did not register tensorbridge (reinstall tensorbridge)",
+        )
+    keys = ("sizeof", "frame_is_the_tensor", "rebuilt_over_the_frame", "same")
+    flags = {k: found.get(k) for k in (*keys, "protocol_4_out_of_band")}
+    if not all(flags.values()):
         detail = ", ".join(f"{k}={v}" for k, v in {**found, **flags}.items())
         return Check(name, False, f"failed: {detail}"[:300])
     return Check(
         name,
         True,
-        f"serialize() sends the tensor's memory as a frame and a {found.get('pickle_bytes')}-byte "
-        f"pickle; deserialize() rebuilds over the frame (bfloat16, transposed)",
+        f"serialize() sends the tensor's memory as one frame and a "
+        f"{found.get('header_bytes')}-byte header, at the scheduler's pickle protocol 4 too; "
+        f"deserialize() rebuilds over the frame; sizeof() is nbytes (bfloat16, transposed)",
     )
 
 
