@@ -75,12 +75,17 @@ CIMPORTS = {name: _cimports(name) for name in COMPILED}
 #   language_level=3: Python 3 semantics (the source's own).
 #   infer_types=False: every local stays a Python object; with inference, `b = bytearray(n)` makes
 #       `b[0::2] = some_bytes` raise TypeError and `l = [...]` rejects `l[0::2] = map(...)`.
+#   nonecheck=True: a typed local or argument that holds None raises AttributeError (as the .py
+#       does) instead of reading through NULL, so no value Python code can hand in or leave behind
+#       (a tensor whose private `_storage` was cleared) makes compiled code crash; one compare per
+#       typed access.
 DIRECTIVES = {
     "language_level": 3,
     "infer_types": False,
     "annotation_typing": False,
     "binding": True,
     "embedsignature": True,
+    "nonecheck": True,
 }
 # Per-module additions to DIRECTIVES (none needed so far).
 MODULE_DIRECTIVES: dict[str, dict[str, object]] = {}

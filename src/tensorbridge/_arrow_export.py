@@ -44,7 +44,6 @@ from ._arrow_abi import (
     ARROW_FLAG_NULLABLE,
     ARROW_SCHEMA,
     ArrowArray,
-    ArrowRelease,
     ArrowSchema,
 )
 from ._dtype import BY_ARROW_FORMAT, DType
@@ -71,53 +70,23 @@ def release_counts() -> dict[str, int]:
 # -------------------------------------------------------------------------------------------------
 # Release callbacks
 
-# Takes a consumer's pending exception out (a new reference, or NULL); 3.10 and 3.11 can only clear it.
-_TAKE_PENDING: Final = _capi.PyErr_GetRaisedException or _capi.PyErr_Clear
-
-
-def _report_pending(address: int, _steal: Any = _capi.steal) -> None:
-    """Report an exception a consumer had pending when it called a release callback."""
-    exc = _steal(address)
-    hook = getattr(sys, "unraisablehook", None)
-    if hook is not None:
-        hook(_Unraisable(exc))
-
-
-class _Unraisable:
-    """The argument ``sys.unraisablehook`` takes."""
-
-    __slots__ = ("err_msg", "exc_traceback", "exc_type", "exc_value", "object")
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
-        self.err_msg = "Exception pending in the Arrow consumer that called a release callback"
-        self.object = None
-
 
 def _release_function(struct_type: type[ctypes.Structure], slot: int) -> Any:
     """The release callback for ``struct_type``: children first, then the struct itself.
 
-    A consumer may call it while its own exception is pending; then every ctypes conversion in
-    the body fails, and a struct left unreleased makes Arrow abort the process. So the first
-    statement takes that exception out, with a C-API call that takes no argument (the only kind
-    that still works): it is reported as unraisable (Python 3.12+) or cleared (3.10, 3.11, which
-    have no call that returns it). The consumer then sees ``SystemError`` instead of its own
-    exception, as it would with any release callback written in Python. What the body calls is
-    bound as defaults: it may run while module globals are being cleared.
+    A consumer may call it on any thread, and while its own exception is pending: it reaches C
+    through `_capi.void_callback`, which keeps that exception where the build allows (a struct
+    left unreleased makes Arrow abort the process, so the release itself always runs). What the
+    body calls is bound as defaults: it may run while module globals are being cleared.
     """
 
     def release(
         address: int | None,
-        _take: Any = _TAKE_PENDING,
-        _report: Any = _report_pending,
         _struct: Any = struct_type,
         _forget: Any = _exports.forget_managed,
         _released: list[int] = _RELEASED,
         _slot: int = slot,
     ) -> None:
-        pending = _take()
-        if pending:
-            _report(pending)
         if not address:
             return
         struct = _struct.from_address(address)
@@ -139,13 +108,9 @@ def _release_function(struct_type: type[ctypes.Structure], slot: int) -> Any:
 
 _release_schema = _release_function(ArrowSchema, 0)
 _release_array = _release_function(ArrowArray, 1)
-_SCHEMA_CALLBACK: Final = ArrowRelease(_release_schema)
-_ARRAY_CALLBACK: Final = ArrowRelease(_release_array)
-# Consumers keep the addresses and may call them after this module's globals are cleared at exit.
-_capi.keep_forever(_SCHEMA_CALLBACK)
-_capi.keep_forever(_ARRAY_CALLBACK)
-_SCHEMA_RELEASE: Final = ctypes.cast(_SCHEMA_CALLBACK, ctypes.c_void_p).value
-_ARRAY_RELEASE: Final = ctypes.cast(_ARRAY_CALLBACK, ctypes.c_void_p).value
+# The addresses consumers call (held for the life of the process).
+_SCHEMA_RELEASE: Final = _capi.void_callback(_release_schema)
+_ARRAY_RELEASE: Final = _capi.void_callback(_release_array)
 
 
 class _Unconsumed:

@@ -21,6 +21,7 @@ from ._args import GRAD_MSG_CREATE, as_bool, as_int
 from ._capi import PY_BUF_FULL_RO, describe_buffer
 from ._device import CPU
 from ._dtype import DType, as_dtype, from_format, uint8
+from ._errors import release_frames
 from ._interfaces import memory_refused
 from ._storage import (
     READONLY_REQUEST,
@@ -97,9 +98,9 @@ def frombuffer(
             msg = f"frombuffer(): {GRAD_MSG_CREATE}; got dtype {dtype}. Pass a floating dtype."
             raise RuntimeError(msg)
     except BaseException as exc:
-        # Release the export now: a traceback keeps its frames, and the frames the export.
-        del storage
-        raise exc.with_traceback(None)  # noqa: B904  (the same exception, without those frames)
+        del storage  # the export is released now, not when the exception dies
+        release_frames(exc)
+        raise
     # The storage is exactly the viewed bytes, as PyTorch's: `_element_count` bounded them.
     storage.ptr += offset
     storage.nbytes = numel * itemsize

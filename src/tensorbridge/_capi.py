@@ -37,6 +37,7 @@ __all__ = [
     "read_dims",
     "read_versioned",
     "steal",
+    "void_callback",
 ]
 
 _api = ctypes.pythonapi
@@ -157,12 +158,84 @@ PyErr_GetRaisedException: Final = (
 )
 
 
+# The callbacks tensorbridge hands to C code as ``void f(void *)`` (DLPack deleters, Arrow release
+# callbacks), made in one place. A consumer may call one on any thread, and while its own exception
+# propagates (an imported array freed during unwinding). Compiled, `_capi_c.void_callback` makes a
+# C function that takes the GIL and keeps that exception, as NumPy's and PyTorch's deleters do.
+# Without it, the callback is ctypes code, which takes the GIL but can neither run with the
+# exception set nor set it again when it returns: its first step takes the exception out, so the
+# release itself always runs, and reports it as unraisable (3.12+; 3.10 and 3.11 have no call that
+# returns it and can only clear it). The consumer's caller then gets ``SystemError`` instead.
+_VoidCallback: Final = ctypes.CFUNCTYPE(None, _vp)
+# Takes the pending exception out: a new reference, or NULL (3.12+); 3.10 and 3.11 only clear it.
+_take_pending: Final = PyErr_GetRaisedException or PyErr_Clear
+
+
+class _Unraisable:
+    """The argument ``sys.unraisablehook`` takes."""
+
+    __slots__ = ("err_msg", "exc_traceback", "exc_type", "exc_value", "object")
+
+    def __init__(self, exc: BaseException, err_msg: str) -> None:
+        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
+        self.err_msg = err_msg
+        self.object = None
+
+
+def _report_pending(address: int, where: str) -> None:
+    """Report the exception at ``address`` (a new reference) that a consumer had pending."""
+    exc = steal(address)
+    hook = getattr(sys, "unraisablehook", None)
+    if hook is not None and isinstance(exc, BaseException):
+        hook(_Unraisable(exc, f"Exception pending in the consumer that called {where}"))
+
+
+def _ctypes_void_callback(function: Any) -> int:
+    def callback(
+        address: int | None,
+        _take: Any = _take_pending,
+        _report: Any = _report_pending,
+        _function: Any = function,
+        _where: str = getattr(function, "__qualname__", "a callback"),
+    ) -> None:
+        pending = _take()  # first: every other call fails while an exception is set
+        if pending:
+            _report(pending, _where)
+        _function(address or 0)
+
+    c_function = _VoidCallback(callback)
+    keep_forever(c_function)  # consumers may call it after this module's globals are cleared
+    address: int = ctypes.cast(c_function, ctypes.c_void_p).value  # type: ignore[assignment]
+    return address
+
+
+def void_callback(function: Any) -> int:
+    """The address of a C callback ``void f(void *pointer)`` that runs ``function(pointer as an
+    int)`` on any thread, with the GIL taken. Compiled, a pending exception is kept as it was;
+    otherwise it is taken out first (see above). ``function`` lives as long as the process: it
+    must do nothing once the interpreter finalises, and bind what it calls as defaults."""
+    if _direct is not None:
+        address: int = _direct.void_callback(function)
+        return address
+    return _ctypes_void_callback(function)
+
+
+# Py_IncRef on an address (a ``Py_buffer``'s ``obj``), where `_Py_IncRef` below takes an object.
+_Py_IncRef_address: Final = _bind("Py_IncRef", None, _vp)
+
+
 class Py_buffer(ctypes.Structure):
     """CPython's ``Py_buffer`` (Include/pybuffer.h), stable since 3.3.
 
     One that ``PyObject_GetBuffer`` filled is released exactly once: by ``PyBuffer_Release``
     (which sets ``obj`` to NULL), or else when the struct dies (never while the interpreter is
     finalising: the memory is then left to the OS). One filled by hand leaves ``obj`` NULL.
+
+    `acquire_buffer` moves the reference that ``obj`` stands for to the attribute ``exporter``,
+    which the garbage collector sees (``obj`` is then an alias of it, and gets its reference back
+    for the release): an exporter that holds a tensor over its own buffer is a cycle the collector
+    can break, as it breaks one through a ``memoryview``. The struct releases the export in its
+    finaliser, which the collector runs before it clears anything.
     """
 
     _fields_ = (
@@ -179,11 +252,18 @@ class Py_buffer(ctypes.Structure):
         ("internal", _vp),
     )
 
-    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
-        if _finalizing() or not self.obj:
+    def __del__(
+        self, _finalizing: Any = sys.is_finalizing, _incref: Any = _Py_IncRef_address
+    ) -> None:
+        if not self.obj:
             return
-        # A global, not a default (it is bound below this class): module globals are cleared only
-        # while the interpreter is finalising, and then this returned above.
+        exporter = self.__dict__.pop("exporter", None)  # alive until the release is done
+        if exporter is not None:
+            _incref(self.obj)  # the reference `acquire_buffer` moved to ``exporter``
+        if _finalizing():
+            return  # the export, and its exporter, are left to the OS, as the memory is
+        # A global, not a default (it is bound below this class): module globals are cleared
+        # only while the interpreter is finalising, and then this returned above.
         PyBuffer_Release(self)
 
 
@@ -212,6 +292,10 @@ PyBUF_WRITE: Final = 0x200
 def _acquire_buffer(obj: object, flags: int) -> tuple[Py_buffer, int, int, bool]:
     view = Py_buffer()
     PyObject_GetBuffer(obj, view, flags)
+    exporter = view.obj
+    if exporter:  # its reference moves to ``view.exporter``, which the collector sees
+        view.exporter = ctypes.cast(exporter, ctypes.py_object).value
+        Py_DecRef(exporter)
     return view, view.buf or 0, view.len, view.readonly != 0
 
 

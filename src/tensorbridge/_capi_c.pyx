@@ -14,6 +14,7 @@ and strides, as their twins in `_dlpack_c` unpack them with `struct` (same field
 None for the same addresses).
 """
 
+cimport cython
 import sys
 
 from cpython.buffer cimport PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
@@ -132,20 +133,31 @@ cdef tuple _ssize_tuple(Py_ssize_t* values, int ndim):
     return out
 
 
+@cython.no_gc_clear
 cdef class BufferView:
     """A ``Py_buffer`` held open: filled by `acquire_buffer`, ``PyBuffer_Release`` exactly once, when
     the object dies (never while the interpreter is finalising: the memory is then left
     to the OS). Its fields read as those of `_capi.Py_buffer` do: addresses as ints or None,
     ``format`` as bytes or None, ``shape``/``strides``/``suboffsets`` as tuples (or None for NULL).
+
+    The garbage collector sees the exporter: ``exporter`` (a second reference to what
+    ``view.obj`` points to) makes the type a collected one, and Cython's traversal of such a type
+    visits both ``exporter`` and the ``obj`` of its ``Py_buffer``. An exporter that holds a
+    tensor over its own buffer is then a cycle the collector can break, as it breaks one through
+    a ``memoryview``. The collector never clears either reference itself (``no_gc_clear``): the
+    release needs them, and the cycle is broken on the exporter's side.
     """
 
     cdef Py_buffer view
     cdef bint held
+    cdef object exporter
 
     def __cinit__(self):
         self.held = False  # until `acquire_buffer` fills it
 
     def __dealloc__(self):
+        # Cython keeps a pending exception around this (a view may die while one propagates),
+        # and drops ``exporter`` after it, once the export is released.
         if self.held and _is_finalizing is not None and not _is_finalizing():
             self.held = False
             PyBuffer_Release(&self.view)
@@ -199,6 +211,9 @@ def acquire_buffer(object obj, int flags):
     cdef BufferView view = BufferView.__new__(BufferView)
     PyObject_GetBuffer(obj, &view.view, flags)
     view.held = True
+    cdef PyObject* exporter = <PyObject*>view.view.obj  # no new reference
+    if exporter != NULL:  # seen by the collector (see `BufferView`)
+        view.exporter = <object>exporter
     return view, <uintptr_t>view.view.buf, view.view.len, view.view.readonly != 0
 
 
@@ -326,6 +341,67 @@ def dlpack_capsule_destructor(object release):
     global _dlpack_release
     _dlpack_release = release
     return <uintptr_t>&_release_unconsumed_dlpack
+
+
+# Callbacks handed to C code that calls them as ``void f(void *)``: the deleter of every DLPack
+# managed tensor tensorbridge exports, and the release callbacks of its Arrow structs. A consumer
+# calls one on any thread, with or without the GIL, and possibly while its own exception
+# propagates (an imported array freed during unwinding): each takes the GIL, sets that exception
+# aside around the Python callable it runs, and puts it back, as NumPy's and PyTorch's deleters
+# do. One C function per slot, since a C function pointer carries no data of its own.
+cdef extern from "Python.h":
+    int _initialized "Py_IsInitialized" () nogil
+
+cdef enum:
+    _CALLBACK_SLOTS = 4
+cdef list _callbacks = [None] * _CALLBACK_SLOTS
+
+
+cdef void _run_callback(int slot, void* pointer) noexcept:
+    # With the GIL. Nothing runs while the interpreter finalises (leak, never crash).
+    function = _callbacks[slot]
+    if function is not None and not _finalizing():
+        _call_keeping_error(<PyObject*>function, pointer, NULL)
+
+
+cdef void _callback_0(void* pointer) noexcept nogil:
+    if _initialized():
+        with gil:
+            _run_callback(0, pointer)
+
+
+cdef void _callback_1(void* pointer) noexcept nogil:
+    if _initialized():
+        with gil:
+            _run_callback(1, pointer)
+
+
+cdef void _callback_2(void* pointer) noexcept nogil:
+    if _initialized():
+        with gil:
+            _run_callback(2, pointer)
+
+
+cdef void _callback_3(void* pointer) noexcept nogil:
+    if _initialized():
+        with gil:
+            _run_callback(3, pointer)
+
+
+cdef _void_function _CALLBACK_FUNCTIONS[_CALLBACK_SLOTS]
+_CALLBACK_FUNCTIONS[:] = [_callback_0, _callback_1, _callback_2, _callback_3]
+
+
+def void_callback(object function not None):
+    """The address of a C function ``void f(void *pointer)`` that calls ``function(pointer as an
+    int)`` from any thread, taking the GIL, with any pending exception kept as it was (the
+    callable's own failure is reported as unraisable). ``function`` is held for the life of the
+    process; at most four per process."""
+    for slot in range(_CALLBACK_SLOTS):
+        if _callbacks[slot] is None:
+            _callbacks[slot] = function
+            return <uintptr_t>_CALLBACK_FUNCTIONS[slot]
+    raise RuntimeError(f"void_callback(): all {_CALLBACK_SLOTS} callback slots are taken")
 
 
 def new_object(type cls not None):

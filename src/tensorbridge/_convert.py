@@ -47,7 +47,7 @@ from ._buffer import import_buffer, import_ndarray
 from ._cache import remember
 from ._device import Device, as_device
 from ._dtype import DType, as_dtype
-from ._errors import short_repr
+from ._errors import release_frames, short_repr
 from ._tensor import Tensor
 
 __all__ = ["as_tensor", "asarray", "from_pointer", "is_protocol_object", "tensor"]
@@ -364,7 +364,11 @@ def asarray(
         >>> asarray(array.array('i', [1, 2, 3]))
         tensor([1, 2, 3], dtype=tensorbridge.int32)
     """
-    return convert(obj, dtype, device, copy, requires_grad, "asarray")
+    try:
+        return convert(obj, dtype, device, copy, requires_grad, "asarray")
+    except BaseException as exc:
+        release_frames(exc)  # a refusal holds nothing once it leaves: see `_errors.release_frames`
+        raise
 
 
 def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, api: str) -> Tensor:
@@ -496,7 +500,11 @@ def tensor(
         tensor([[1, 2],
                 [3, 4]])
     """
-    return _copy_of(data, dtype, device, requires_grad, "tensor")
+    try:
+        return _copy_of(data, dtype, device, requires_grad, "tensor")
+    except BaseException as exc:
+        release_frames(exc)
+        raise
 
 
 def _copy_of(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str) -> Tensor:
@@ -512,7 +520,11 @@ def _copy_of(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str) 
 
 def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tensor:
     """`asarray` without ``copy``: shares memory when possible (PyTorch's ``as_tensor``)."""
-    return asarray(data, dtype=dtype, device=device)
+    try:
+        return convert(data, dtype, device, None, False, "as_tensor")
+    except BaseException as exc:
+        release_frames(exc)
+        raise
 
 
 def _convert_value(value: Any, dtype: DType | None, api: str) -> Tensor:

@@ -63,7 +63,7 @@ from ._dlpack_c import (
     read_versioned,
 )
 from ._dlpack_export import _export
-from ._errors import NotDLPackError, short_repr
+from ._errors import NotDLPackError, release_frames, short_repr
 from ._layout import MAX_NDIM, contiguous_strides
 from ._storage import Storage, locate, own_managed, refusal_of, refused
 from ._tensor import Tensor, _construct
@@ -143,9 +143,13 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
         >>> t
         tensor([7, 1, 2, 3])
     """
-    if device is None and copy is None:
-        return _from_dlpack(ext_tensor)
-    return _from_dlpack_with(ext_tensor, _as_target(device), as_copy(copy, "from_dlpack"))
+    try:
+        if device is None and copy is None:
+            return _from_dlpack(ext_tensor)
+        return _from_dlpack_with(ext_tensor, _as_target(device), as_copy(copy, "from_dlpack"))
+    except BaseException as exc:
+        release_frames(exc)  # a refusal holds nothing once it leaves: see `_errors.release_frames`
+        raise
 
 
 def _from_dlpack(ext_tensor: Any) -> Tensor:
@@ -162,7 +166,16 @@ def _from_dlpack(ext_tensor: Any) -> Tensor:
                 return t
         ext_tensor = _request(ext_tensor, producer, None, None)
         immutable = producer.immutable
-    t, used_name, deleter = _open(ext_tensor, immutable)
+    try:
+        t, used_name, deleter = _open(ext_tensor, immutable)
+    except BaseException:
+        # Refused: a producer's capsule dies here, with no exception pending, so that its
+        # destructor frees the producer's memory at once. A destructor written in Python (as
+        # many producers' are) cannot run while an exception propagates: dropped by the
+        # compiled build's unwinding, the capsule would turn the refusal into SystemError and
+        # leak. Every function that holds a producer's capsule drops it so.
+        ext_tensor = None
+        raise
     # `_commit`, inlined on the hot path: rename, then arm the storage.
     PyCapsule_SetName(ext_tensor, used_name)
     if deleter:
@@ -694,7 +707,12 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
     if type(ext_tensor) is _CapsuleType:
         return _from_capsule_with(ext_tensor, target, copy)
     producer = _producer_of(type(ext_tensor)) or _producer(type(ext_tensor))
-    t = _consume(_request(ext_tensor, producer, target, copy), producer.immutable)
+    capsule = _request(ext_tensor, producer, target, copy)
+    try:
+        t = _consume(capsule, producer.immutable)
+    except BaseException:
+        capsule = None  # refused: the producer's capsule dies now (see `_from_dlpack`)
+        raise
     if target is not None:
         t = _relabel(t, target)
     if copy and not t._storage.is_copied and t._storage.device.is_host_accessible:

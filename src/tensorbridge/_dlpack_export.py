@@ -37,6 +37,7 @@ Deviations from PyTorch 2.13 (each one deliberate):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import struct
 import sys
@@ -53,7 +54,6 @@ from ._dlpack_abi import (
     DLPACK_VERSION,
     DLTENSOR,
     DLTENSOR_VERSIONED,
-    DLPackDeleter,
 )
 from ._dlpack_c import exchange_api_of
 from ._errors import short_repr
@@ -72,26 +72,23 @@ _kDLROCM: Final = int(DLDeviceType.kDLROCM)
 _DLTENSOR_WRITE: Final = "PiiiBBHPPQ"
 
 
-@DLPackDeleter
-def _deleter(
-    address: int | None,
+def _release_export(
+    address: int,
     _finalizing: Any = sys.is_finalizing,
     _forget: Any = _exports.forget_managed,
 ) -> None:
-    """``deleter`` of every managed tensor tensorbridge exports; may run on any thread.
+    """What the ``deleter`` of every managed tensor tensorbridge exports does: forget the export.
 
-    ctypes takes the GIL before running it. What it needs is bound as defaults, so it works while
+    It reaches C through `_capi.void_callback`: any thread takes the GIL, and a consumer's pending
+    exception is kept where the build allows. What it needs is bound as defaults, so it works while
     module globals are being cleared; once the interpreter is finalising it does nothing (leak,
     never crash).
     """
-    if address is None or _finalizing():
-        return
-    _forget(address)
+    if address and not _finalizing():
+        _forget(address)
 
 
-_DELETER_ADDRESS: Final = ctypes.cast(_deleter, ctypes.c_void_p).value
-# Consumers keep the address and may call it after this module's globals are cleared at exit.
-_capi.keep_forever(_deleter)
+_DELETER_ADDRESS: Final = _capi.void_callback(_release_export)
 
 # The compiled build gives every capsule a C destructor that releases the export of one no consumer
 # took, at once, as the deleter would (`_exports.forget_unwatched`): the registry then holds the
@@ -364,10 +361,17 @@ def _new_capsule(t: Tensor, storage: Storage, device: Device, versioned: bool, c
     return capsule
 
 
-def _idle_strides_in_int64(strides: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a tensor without elements, which address nothing: those past int64
-    (row-major strides of a huge empty shape) become 0 rather than be refused."""
-    return tuple(st if -(2**63) <= st < 2**63 else 0 for st in strides)
+def _idle_strides_in_int64(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """``strides``, with each stride that addresses nothing and does not fit DLPack's int64
+    fields made 0 rather than refused: every stride of a tensor without elements (row-major
+    strides of a huge empty shape), and the stride of a dimension of size 1, which is never
+    multiplied by a non-zero index (``as_strided`` takes any value there, and so does a producer's
+    capsule: INT64_MIN, which `with_idle_strides_positive` cannot negate)."""
+    empty = 0 in shape
+    return tuple(
+        stride if -(2**63) <= stride < 2**63 or not (empty or size == 1) else 0
+        for size, stride in zip(shape, strides)
+    )
 
 
 def _new_managed(
@@ -375,13 +379,12 @@ def _new_managed(
 ) -> tuple[int, Any]:
     """Write a ``DLManagedTensor(Versioned)`` for ``t`` (whose storage the caller has read), with
     its shape and strides, into one block; return its address and the block, which the caller
-    registers with ``t`` until `_deleter` runs."""
+    registers with ``t`` until its deleter (`_release_export`) runs."""
     shape, strides = t._shape, t._strides
     dtype = t._dtype
     pair = device._dlpack  # device.to_dlpack(), without the method call
     if 0 in shape:
         data, byte_offset = 0, 0  # dlpack.h: NULL data for size-0 tensors
-        strides = _idle_strides_in_int64(strides)
     else:
         data, byte_offset = storage.ptr, t._offset
         if byte_offset:
@@ -409,14 +412,21 @@ def _new_managed(
             strides,
         )
     except OverflowError:
-        # Only a tensor imported from a lying producer gets here: e.g. a device handle plus
-        # byte_offset beyond 64 bits. DLPack's fixed-width fields cannot carry it.
-        msg = (
-            f"__dlpack__(): the tensor's layout (data=0x{data:x}, byte_offset={byte_offset}, "
-            f"shape={list(shape)}, strides={list(strides)}) does not fit DLPack's 64-bit "
-            f"fields; it cannot be exported. Export a clone() of host memory instead."
-        )
-        raise BufferError(msg) from None
+        idle = _idle_strides_in_int64(shape, strides)
+    if idle != strides:  # strides that address nothing were past int64: they are not refused
+        with contextlib.suppress(OverflowError):
+            return _write_managed(
+                versioned, DLPACK_VERSION, _DELETER_ADDRESS, flags, data, pair, dtype.dlpack,
+                byte_offset, shape, idle,
+            )  # fmt: skip
+    # Only a tensor imported from a lying producer gets here: e.g. a device handle plus
+    # byte_offset beyond 64 bits. DLPack's fixed-width fields cannot carry it.
+    msg = (
+        f"__dlpack__(): the tensor's layout (data=0x{data:x}, byte_offset={byte_offset}, "
+        f"shape={list(shape)}, strides={list(strides)}) does not fit DLPack's 64-bit "
+        f"fields; it cannot be exported. Export a clone() of host memory instead."
+    )
+    raise BufferError(msg) from None
 
 
 def exchange_export(t: Tensor, cls: type) -> Any:

@@ -6,6 +6,7 @@ Every exception a caller can see is either a built-in one or a class defined her
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -93,3 +94,35 @@ def _in_package(filename: str) -> bool:
     if filename.startswith("<"):
         return False
     return os.path.abspath(filename).startswith(_PACKAGE_PREFIX)
+
+
+def release_frames(exc: BaseException) -> None:
+    """Let go of what tensorbridge's own frames in ``exc``'s tracebacks still hold.
+
+    A refused import must release what it acquired (a held buffer export, a producer's capsule)
+    before its exception leaves tensorbridge, not when the exception dies: a traceback keeps its
+    frames, and the frames their locals, so an exporter would stay locked (a bytearray not
+    resizable, a memoryview not releasable) and a producer's memory pinned for as long as the
+    caller keeps the exception. Every import door calls this in its ``except`` clause, where no
+    exception is pending, so that the destructors it sets off run cleanly. It clears the locals
+    of every finished frame of the package in the tracebacks of ``exc`` and of the exceptions it
+    was raised from (``__cause__``, ``__context__``); the traceback's lines stay as they were,
+    and the caller's frames and the door's own, still running, are left alone. The compiled
+    build has no such frames: its doors drop what they hold themselves.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if _in_package(frame.f_code.co_filename):
+                # RuntimeError for a frame still running: the door's own, or its callers'
+                with contextlib.suppress(RuntimeError):
+                    frame.clear()
+            tb = tb.tb_next
+        pending += (current.__cause__, current.__context__)
