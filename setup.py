@@ -179,6 +179,8 @@ class BuildExt(build_ext):
             except Exception as exc:  # Cython's CompileError: ship this module as .py
                 self.untranslated[name] = _one_line(exc)
                 _warn(f"{name}.py is shipped uncompiled: Cython failed on it")
+                # Nor does an extension module an earlier build left in build/ ship in its place.
+                Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
                 continue
             ext.sources = list(result.sources)
             translated.append(ext)

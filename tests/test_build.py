@@ -261,3 +261,31 @@ def test_the_build_ships_as_py_every_module_that_cimports_one_shipped_as_py(tmp_
         assert {p.stem for p in tmp_path.glob("*.so")} == set(names) - dropped
         for name in dropped:
             assert "cimports" in build.failed[f"tensorbridge.{name}"]
+
+
+def test_a_module_cython_fails_on_ships_no_extension_an_earlier_build_left(tmp_path):
+    """A Cython failure ships the module as .py: an extension module of it that an earlier build
+    left in build/ must not be installed in its place (it would be stale code)."""
+    setup = _setup_script()
+
+    class Ext:
+        def __init__(self, name: str) -> None:
+            self.name = f"tensorbridge.{name}"
+            self.sources = [f"{name}.py"]
+
+    def cythonize(extensions, **_options):
+        if extensions[0].name.endswith("_broken"):
+            raise RuntimeError("Cython failed")
+        return extensions
+
+    build = setup["BuildExt"].__new__(setup["BuildExt"])
+    build.extensions = [Ext("_broken"), Ext("_fine")]
+    build.build_temp = str(tmp_path / "temp")
+    build.get_ext_fullpath = lambda full, d=tmp_path: str(d / f"{full.rpartition('.')[2]}.so")
+    for name in ("_broken", "_fine"):
+        (tmp_path / f"{name}.so").write_bytes(b"an earlier build")
+    translated = build._cythonize(cythonize)
+    assert [ext.name for ext in translated] == ["tensorbridge._fine"]
+    assert set(build.untranslated) == {"_broken"}
+    assert not (tmp_path / "_broken.so").exists()
+    assert (tmp_path / "_fine.so").exists()
