@@ -59,6 +59,10 @@ def in_a_frame(t):
     raise KeyError("the user's own")
 
 rows = {}
+scenario("buffer: temporary memoryview", lambda t: t.as_memoryview().no_such_name)
+scenario("buffer: temporary slice", lambda t: t.as_memoryview()[1:].no_such_name)
+scenario("capsule: unconsumed, refused", lambda t: int(t.__dlpack__()))
+scenario("capsule: legacy, refused", lambda t: int(tb.utils.dlpack.to_dlpack(t)))
 peers = {name: True for name in ("numpy", "torch", "pyarrow")}
 for name in peers:
     try:
@@ -67,6 +71,7 @@ for name in peers:
         peers[name] = False
 if peers["numpy"]:
     import numpy as np
+    scenario("numpy: array interface", lambda t: np.asarray(t).no_such_name)
     scenario("numpy: temporary, attribute", lambda t: np.from_dlpack(t).no_such_name)
     scenario("numpy: temporary, operator", lambda t: np.from_dlpack(t) + "x")
     scenario("numpy: legacy capsule", lambda t: np.from_dlpack(t).reshape(3, 5))
@@ -85,7 +90,12 @@ print("RESULT " + json.dumps({"build": tb.build_info().kind, "rows": rows,
 
 # What each scenario raises in the user's code.
 _RAISED = {
+    "buffer: temporary memoryview": "AttributeError",
+    "buffer: temporary slice": "AttributeError",
+    "capsule: unconsumed, refused": "TypeError",
+    "capsule: legacy, refused": "TypeError",
     "numpy: temporary, attribute": "AttributeError",
+    "numpy: array interface": "AttributeError",
     "numpy: temporary, operator": ("UFuncTypeError", "_UFuncNoLoopError", "TypeError"),
     "numpy: legacy capsule": "ValueError",
     "numpy: in a frame": "KeyError",
