@@ -15,6 +15,7 @@ import gc
 import multiprocessing
 import operator
 import pickle
+import re
 import sys
 from multiprocessing import shared_memory
 from multiprocessing.reduction import ForkingPickler
@@ -312,6 +313,108 @@ def test_malformed_pickle_is_bounds_checked():
         _tensor._rebuild_from_buffer(bytes(8), "float64", (2,), (1,), 0, False, False)
 
 
+class _Tampered:
+    """Pickles as a tensor whose reduce tuple was edited: ``pickle.loads`` runs the real rebuild."""
+
+    def __init__(self, t: Tensor, protocol: int, **changes: object) -> None:
+        rebuild, args = t.__reduce_ex__(protocol)
+        fields = dict(zip(("dtype", "shape", "strides", "offset", "readonly", "grad"), args[1:]))
+        fields.update(changes)
+        self.reduced = (rebuild, (args[0], *fields.values()))
+
+    def __reduce__(self):
+        return self.reduced
+
+
+_REPICKLE = (
+    "The pickle was damaged or altered after tensorbridge wrote it; pickle the tensor again."
+)
+_NOT_INTS = [
+    # (field, value, what the message says)
+    ("shape", (6.0,), "a pickled tensor's shape must hold ints; got 6.0 in (6.0,) (float)."),
+    ("shape", (2.5,), "a pickled tensor's shape must hold ints; got 2.5 in (2.5,) (float)."),
+    ("shape", (True,), "a pickled tensor's shape must hold ints; got True in (True,) (bool)."),
+    ("shape", 6, "a pickled tensor's shape must be a tuple of ints; got 6 (int)."),
+    ("shape", "6", "a pickled tensor's shape must be a tuple of ints; got '6' (str)."),
+    ("strides", (1.0,), "a pickled tensor's strides must hold ints; got 1.0 in (1.0,) (float)."),
+    (
+        "strides",
+        (False,),
+        "a pickled tensor's strides must hold ints; got False in (False,) (bool).",
+    ),
+    ("offset", 0.0, "a pickled tensor's storage offset must be an int; got 0.0 (float)."),
+    ("offset", 1.5, "a pickled tensor's storage offset must be an int; got 1.5 (float)."),
+    ("offset", True, "a pickled tensor's storage offset must be an int; got True (bool)."),
+    ("readonly", "no", "a pickled tensor's read-only flag must be True or False; got 'no' (str)."),
+    ("grad", 1, "a pickled tensor's requires_grad must be True or False; got 1 (int)."),
+]
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+@pytest.mark.parametrize(("field", "value", "words"), _NOT_INTS)
+def test_tampered_pickle_of_the_wrong_type_is_refused(protocol, field, value, words):
+    """Floats (even 6.0) and bools where ints belong, and non-bool flags: a TypeError, never a tensor."""
+    tampered = _Tampered(tb.arange(6, dtype=tb.float32), protocol, **{field: value})
+    data = pickle.dumps(tampered, protocol=protocol)
+    with pytest.raises(TypeError) as info:
+        pickle.loads(data)
+    assert str(info.value) == f"pickle.loads(): {words[:-1]}. {_REPICKLE}"
+
+
+_BAD_VALUES = [
+    ("dtype", "float128", "a pickled tensor's dtype 'float128' is not a tensorbridge dtype"),
+    ("shape", (-6,), "a pickled tensor's shape [-6] has a negative size"),
+    ("shape", (1,) * 65, "a pickled tensor has 65 dimensions; at most 64 are supported"),
+    ("shape", (2, 3), "a pickled tensor's strides [1] do not match its shape [2, 3]"),
+    ("strides", (1, 1), "a pickled tensor's strides [1, 1] do not match its shape [6]"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "words"), _BAD_VALUES)
+def test_tampered_pickle_with_a_bad_value_is_refused(field, value, words):
+    """An unknown dtype, a negative size, too many dimensions, strides that miss a dimension."""
+    data = pickle.dumps(_Tampered(tb.arange(6, dtype=tb.float32), 5, **{field: value}), protocol=5)
+    with pytest.raises(ValueError, match=re.escape(f"pickle.loads(): {words}")) as info:
+        pickle.loads(data)
+    assert str(info.value).endswith(_REPICKLE)
+
+
+# Protocol 0 writes each int as ``I<digits>\n``: the shape (2, 3), the strides (3, 1) and the
+# offset 0 of ``arange(6).reshape(2, 3)``, then the two flags (``I00``: False).
+_EDITS = [
+    (b"(I2\nI3\nt", b"(F2.0\nI3\nt", "shape must hold ints; got 2.0 in (2.0, 3) (float)"),
+    (b"(I2\nI3\nt", b"(I01\nI3\nt", "shape must hold ints; got True in (True, 3) (bool)"),
+    (b"(I3\nI1\nt", b"(I3\nF1.0\nt", "strides must hold ints; got 1.0 in (3, 1.0) (float)"),
+    (b"\nI0\nI00\n", b"\nF0.0\nI00\n", "storage offset must be an int; got 0.0 (float)"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "words"), _EDITS)
+def test_pickle_bytes_edited_to_floats_and_bools_are_refused(old, new, words):
+    """The same refusals for a pickle whose bytes were edited, protocol 0."""
+    data = pickle.dumps(tb.arange(6, dtype=tb.int8).reshape(2, 3), protocol=0)
+    assert data.count(old) == 1
+    with pytest.raises(TypeError, match=re.escape(f"pickle.loads(): a pickled tensor's {words}.")):
+        pickle.loads(data.replace(old, new))
+
+
+class _Six(int):
+    """An int subclass, as a pickle may carry one."""
+
+
+def test_pickled_numpy_and_int_subclass_integers_are_taken_as_ints():
+    """Integers are what operator.index takes (NumPy integers, int subclasses): kept as plain ints."""
+    np = _np()
+    t = tb.arange(12, dtype=tb.int16)
+    data = pickle.dumps(
+        _Tampered(t, 5, shape=(np.int64(2), _Six(6)), strides=[np.int32(6), 1], offset=np.uint8(0)),
+        protocol=5,
+    )
+    u = pickle.loads(data)
+    assert u.tolist() == t.reshape(2, 6).tolist()
+    assert [type(v) for v in (*u.shape, *u.stride(), u.storage_offset())] == [int] * 5
+
+
 # -------------------------------------------------------------------------------------------------
 # multiprocessing
 
@@ -412,9 +515,16 @@ def test_shared_tensor_written_by_a_worker(pool):
     back = pool.submit(operator.methodcaller("fill_", 7.0), view).result()
     assert t.tolist() == [0.0, 0.0, 7.0, 7.0, 7.0, 0.0]
     assert isinstance(back._storage.owner, _shared._SharedBlock)
-    assert back._storage.owner.name == t._storage.owner.name
+    assert back._storage.owner.name.partition(".")[0] == t._storage.owner.name  # one segment
     back[0] = -1.0
     assert t[2].item() == -1.0
+
+
+def test_a_tensor_a_worker_shared_comes_back(pool):
+    """A worker may drop a tensor it shared as soon as it is sent: the parent still attaches."""
+    backs = [pool.submit(Tensor.share_memory_, tb.full((1000,), i)).result() for i in range(5)]
+    assert [b.tolist() == [i] * 1000 for i, b in enumerate(backs)] == [True] * 5
+    assert all(isinstance(b._storage.owner, _shared._SharedBlock) for b in backs)
 
 
 def test_forking_pickler_sends_the_name():
@@ -445,7 +555,7 @@ def test_segment_is_unlinked_when_the_storage_dies():
     name = t._storage.owner.name
     del t
     gc.collect()
-    assert name not in _shared._CREATED
+    assert name not in _shared._OWNED
     with pytest.raises(FileNotFoundError):
         shared_memory.SharedMemory(name=name)
 

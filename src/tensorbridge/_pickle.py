@@ -38,16 +38,18 @@ from __future__ import annotations
 import pickle
 from typing import TYPE_CHECKING, Any
 
+from ._args import as_int
 from ._buffer_export import host_memoryview
 from ._device import CPU
-from ._dtype import uint8
-from ._layout import contiguous_strides, extent
+from ._dtype import BY_NAME, DType, uint8
+from ._errors import short_repr
+from ._layout import MAX_NDIM, contiguous_strides, extent
 from ._storage import READONLY_REQUEST, WRITABLE_REQUEST, Storage, allocate, hold_buffer
 
 if TYPE_CHECKING:
     from ._tensor import Tensor
 
-__all__ = ["buffer_storage", "reduce_args", "storage_over"]
+__all__ = ["buffer_storage", "checked_layout", "reduce_args", "storage_over"]
 
 
 def reduce_args(t: Tensor, protocol: int) -> tuple[Any, ...]:
@@ -155,3 +157,94 @@ def storage_over(data: Any, readonly: bool) -> Storage:
             storage.host_view("__reduce_ex__")[:] = source
         return storage
     return Storage(view.buf or 0, view.len, CPU, readonly, held)
+
+
+def checked_layout(
+    dtype_name: object,
+    shape: object,
+    strides: object,
+    offset: object,
+    readonly: object,
+    requires_grad: object,
+) -> tuple[DType, tuple[int, ...], tuple[int, ...], int, bool, bool]:
+    """What a pickle says about a tensor, checked before anything is built from it.
+
+    `reduce_args` writes a dtype name, tuples of ints, an int and two bools; a pickle altered after
+    that is refused here, as `Tensor._new` then refuses a layout outside its storage. An integer
+    is what ``operator.index`` takes (`_args.as_int`: the rule of PyTorch's sizes and of Python's
+    own indices), so ``int`` and its subclasses and NumPy integers, normalised to ``int`` so that
+    the tensor holds plain ints; not ``bool`` (``True`` is a flag, not a size) and not ``float``,
+    not even ``2.0``, which `reduce_args` never writes.
+
+    Raises:
+        TypeError: a value of the wrong type (a float size, a bool offset, a str flag).
+        ValueError: a dtype tensorbridge does not have, a negative size, more than ``MAX_NDIM``
+            dimensions, or not one stride per dimension.
+    """
+    dtype = BY_NAME.get(dtype_name) if type(dtype_name) is str else None
+    if dtype is None:
+        msg = f"a pickled tensor's dtype {short_repr(dtype_name)} is not a tensorbridge dtype"
+        raise ValueError(_refusal(msg))
+    sizes = _ints(shape, "shape")
+    if len(sizes) > MAX_NDIM:
+        msg = f"a pickled tensor has {len(sizes)} dimensions; at most {MAX_NDIM} are supported"
+        raise ValueError(_refusal(msg))
+    if any(size < 0 for size in sizes):
+        raise ValueError(_refusal(f"a pickled tensor's shape {list(sizes)} has a negative size"))
+    steps = _ints(strides, "strides")
+    if len(steps) != len(sizes):
+        msg = (
+            f"a pickled tensor's strides {list(steps)} do not match its shape {list(sizes)}: "
+            f"one stride per dimension"
+        )
+        raise ValueError(_refusal(msg))
+    return (
+        dtype,
+        sizes,
+        steps,
+        _int(offset, "storage offset must be an int"),
+        _flag(readonly, "read-only flag"),
+        _flag(requires_grad, "requires_grad"),
+    )
+
+
+def _refusal(what: str) -> str:
+    """The message for a refused pickle: the function, what is wrong with it, and the fix."""
+    return (
+        f"pickle.loads(): {what}. The pickle was damaged or altered after tensorbridge wrote it; "
+        f"pickle the tensor again."
+    )
+
+
+def _ints(values: object, what: str) -> tuple[int, ...]:
+    """A pickled tuple of ints (a list is taken too), each by `_int`."""
+    if not isinstance(values, (tuple, list)):
+        msg = (
+            f"a pickled tensor's {what} must be a tuple of ints; got {short_repr(values)} "
+            f"({type(values).__name__})"
+        )
+        raise TypeError(_refusal(msg))
+    return tuple([_int(v, f"{what} must hold ints", values) for v in values])
+
+
+def _int(value: object, rule: str, within: object = None) -> int:
+    """One pickled integer (``within`` the tuple that holds it), by `_args.as_int`'s rule;
+    refused in a pickle's words."""
+    try:
+        return as_int(value, "pickle.loads", "value")
+    except TypeError:
+        pass
+    got = short_repr(value) if within is None else f"{short_repr(value)} in {short_repr(within)}"
+    msg = f"a pickled tensor's {rule}; got {got} ({type(value).__name__})"
+    raise TypeError(_refusal(msg))
+
+
+def _flag(value: object, what: str) -> bool:
+    """A pickled flag: exactly True or False."""
+    if type(value) is not bool:
+        msg = (
+            f"a pickled tensor's {what} must be True or False; got {short_repr(value)} "
+            f"({type(value).__name__})"
+        )
+        raise TypeError(_refusal(msg))
+    return value

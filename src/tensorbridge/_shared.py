@@ -2,17 +2,46 @@
 
 `share_memory` moves a storage into a ``multiprocessing.shared_memory`` segment, in place, so every
 view sees the move; from then on ``multiprocessing``'s pickler (queues, ``Pool``,
-``ProcessPoolExecutor``) sends the segment's name instead of the bytes (`process_args`), and the
+``ProcessPoolExecutor``) sends a name of the segment instead of the bytes (`process_args`), and the
 receiver maps the same memory (`attach_storage`). Below `Tensor`: the reducer and the rebuild
 function that pickles name live beside the class, in `_tensor`.
+
+Who unlinks a name, and when. A name is only the way in: a mapping stays valid after its name is
+unlinked, and the memory goes with the last mapping. So every name has one owner, which unlinks it
+exactly once:
+
+* The process that moves a storage into shared memory owns the segment's first name, and unlinks
+  it when the storage dies or the process exits.
+* On Linux, where POSIX shared memory is a file in ``/dev/shm``, each pickle ``multiprocessing``
+  makes of such a tensor carries a name of its own: a hard link to the segment, made when the
+  tensor is pickled (`process_args`) and registered with ``multiprocessing``'s resource tracker.
+  The pickle owns that name until a process unpickles it; from then on the receiving storage
+  does, and unlinks it with itself. So the sender may drop its tensor, or exit, before the
+  receiver attaches (a worker returning a tensor it shared), and the receiver may send the tensor
+  on, or back. The names of one segment start with its first name (``psm_1a2b3c4d``,
+  ``psm_1a2b3c4d.5e6f...``).
+* A name whose owner never unlinks it stays registered with the resource tracker, which unlinks
+  it when the last process sharing the tracker has exited (with its "leaked shared_memory
+  objects" warning): the names a process held when a signal killed it (``Pool.terminate()``,
+  which ``with Pool()`` calls; the OOM killer), and the name of a pickle nobody unpickles (a queue
+  item never read). No code runs in a killed process and nothing sees pickled bytes dropped, so
+  neither can go sooner.
+* This needs one tracker for all the processes that pass a tensor around. spawn and forkserver
+  children share their parent's; for fork, `_before_fork` starts it in the parent before its first
+  fork (so import tensorbridge before making a fork pool). Unrelated programs connected by
+  ``multiprocessing.connection`` have a tracker each: the sender's tracker reports the names the
+  receiver unlinked when the sender's program exits, and unlinks those it still holds (their
+  tensors stay mapped, but cannot be sent on by name).
+* Elsewhere (macOS, Windows) a segment has one name, which the receiver maps without owning it:
+  the sender must keep its tensor alive until the receiver has unpickled it.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import functools
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
@@ -26,35 +55,118 @@ if TYPE_CHECKING:
 
 __all__ = ["attach_storage", "process_args", "register_process_reducer", "share_memory"]
 
-# Segments this process created and has not unlinked yet; unlinked at exit at the latest.
-_CREATED: Final[dict[str, SharedMemory]] = {}
+# Whether a segment can have more than one name: Linux keeps POSIX shared memory as files in
+# /dev/shm (glibc and musl both map shm_open("/name") to /dev/shm/name), which take hard links.
+_LINKS: Final = sys.platform.startswith("linux")
+_SHM_DIR: Final = "/dev/shm"
+
+# The names this process owns and has not unlinked yet; unlinked at exit at the latest. A forked
+# child starts with none: what it inherited belongs to its parent.
+_OWNED: Final[dict[str, SharedMemory]] = {}
+_exit_hook_pid = 0
 _reducer_registered = False
 
 
 def _unlink(name: str) -> None:
-    shm = _CREATED.pop(name, None)
+    shm = _OWNED.pop(name, None)
     if shm is not None:
         with contextlib.suppress(OSError):  # already unlinked (by hand, or by a resource tracker)
-            shm.unlink()
+            shm.unlink()  # and unregistered from the resource tracker
+
+
+def _unlink_owned() -> None:
+    # Mappings stay valid until the process ends; only the names go, so none outlives its owner.
+    for name in list(_OWNED):
+        _unlink(name)
+
+
+def _own(shm: SharedMemory) -> None:
+    """Make this process the owner of ``shm``'s name: unlinked with its block, or at exit."""
+    global _exit_hook_pid  # noqa: PLW0603 (once per process)
+    pid = os.getpid()
+    if _exit_hook_pid != pid:
+        from multiprocessing import util
+
+        # multiprocessing's exit hook, not atexit: a forked or forkserver worker leaves through
+        # os._exit, after running these. The priority puts it after every queue's feeder thread
+        # is joined (-5): an item still being pickled makes its link from a name owned here.
+        util.Finalize(None, _unlink_owned, exitpriority=-10)
+        _exit_hook_pid = pid
+    _OWNED[shm.name] = shm
+
+
+# multiprocessing's resource tracker's lock, held by `_before_fork` across a fork (or None).
+_lock_held_for_fork: Any = None
+
+
+def _before_fork() -> None:
+    """Make a forked child able to make and take names, as a spawned one can.
+
+    spawn and forkserver start multiprocessing's resource tracker before their first child, so
+    every process of the tree shares one. fork does not: a forked child that makes a name then
+    starts a tracker of its own, which unlinks the names registered with it (a pickle's, on its
+    way to the parent) when that child exits. So the tracker starts here. And a thread of this
+    process may be importing ``multiprocessing.shared_memory`` or talking to the tracker while
+    another forks (a pool's result thread unpickles tensors while its worker thread forks
+    replacements): the child would inherit that module lock or the tracker's lock held, by a
+    thread it does not have, and hang on its first segment. So the import is done here, and the
+    tracker's lock is held across the fork, as ``logging`` holds its own.
+    """
+    global _lock_held_for_fork  # noqa: PLW0603 (one fork at a time holds it)
+    if "multiprocessing" not in sys.modules:
+        return  # no multiprocessing, no pool: a plain fork needs none of it
+    _segment_type()
+    from multiprocessing import resource_tracker
+
+    with contextlib.suppress(OSError, RuntimeError):  # then the child starts one, as before
+        resource_tracker.ensure_running()
+    lock = getattr(getattr(resource_tracker, "_resource_tracker", None), "_lock", None)
+    if lock is not None:
+        lock.acquire()
+        _lock_held_for_fork = lock
+
+
+def _after_fork_in_parent() -> None:
+    global _lock_held_for_fork
+    lock, _lock_held_for_fork = _lock_held_for_fork, None
+    if lock is not None:
+        lock.release()
+
+
+def _after_fork_in_child() -> None:
+    _OWNED.clear()  # what the child inherited belongs to its parent
+    _after_fork_in_parent()  # the forking thread is the child's only one: it holds the lock
+
+
+if sys.platform != "win32":
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 class _SharedBlock:
     """A ``multiprocessing.shared_memory`` segment, mapped and held for one storage.
 
-    The creating process unlinks the segment when the block dies (or at exit); processes that
-    attached only unmap it. ``previous`` is the storage's owner before `share_memory` moved it
-    here: exports made before the move that reach the memory through the tensor (NumPy arrays via
-    ``__array_interface__``) still point into that memory, so it lives as long as the storage.
+    ``owns_name``: the block unlinks its name when it dies (see the module docstring); a block
+    that borrows the name only unmaps it. ``previous`` is the storage's owner before
+    `share_memory` moved it here: exports made before the move that reach the memory through the
+    tensor (NumPy arrays via ``__array_interface__``) still point into that memory, so it lives as
+    long as the storage.
     """
 
-    __slots__ = ("_held", "_previous", "_shm", "creator", "name", "ptr")
+    __slots__ = ("_held", "_previous", "_shm", "name", "owns_name", "ptr")
 
-    def __init__(self, shm: SharedMemory, creator: bool, previous: object = None) -> None:
+    def __init__(self, shm: SharedMemory, owns_name: bool, previous: object = None) -> None:
         self._shm = shm
-        self.creator = creator
+        self.owns_name = owns_name
         self.name = shm.name
         self._previous = previous
-        held, view = hold_buffer(shm.buf, WRITABLE_REQUEST)
+        # The export is taken from the mmap, not from ``shm.buf``: a memoryview is tracked by the
+        # garbage collector, which at interpreter exit may clear it while the export still holds
+        # it ("BufferError: memoryview has 1 exported buffer"); an mmap waits for the export.
+        held, view = hold_buffer(shm._mmap, WRITABLE_REQUEST)  # type: ignore[attr-defined]
         self._held: object = held
         self.ptr: int = view.buf
 
@@ -66,24 +178,15 @@ class _SharedBlock:
     def __del__(self, _finalizing: Any = sys.is_finalizing, _unlink: Any = _unlink) -> None:
         # What it calls is bound as defaults: it may run while module globals are being cleared.
         if _finalizing():
-            return  # leak the mapping; the atexit hook has unlinked what this process created
+            return  # leak the mapping; the exit hook has unlinked the names this process owned
         self._held = None  # PyBuffer_Release first: SharedMemory.close() refuses while exported
         shm = getattr(self, "_shm", None)
         if shm is None:
             return
-        try:
+        if self.owns_name:
+            _unlink(self.name)  # a name is not a mapping: whoever still maps the memory keeps it
+        with contextlib.suppress(BufferError, OSError):  # someone else still holds the mapping
             shm.close()
-        except (BufferError, OSError):
-            return  # someone else still holds the mapping; it goes with them
-        if self.creator:
-            _unlink(self.name)
-
-
-@atexit.register
-def _unlink_created() -> None:
-    # Mappings stay valid until the process ends; only the names go, so no segment outlives us.
-    for name in list(_CREATED):
-        _unlink(name)
 
 
 @functools.cache
@@ -103,10 +206,10 @@ def _segment_type() -> type[SharedMemory]:
 
 def _create_block(nbytes: int, previous: object) -> _SharedBlock:
     # A zero-size segment is refused, so an empty storage gets one byte it never uses.
-    shm = _segment_type()(create=True, size=max(nbytes, 1))
-    _CREATED[shm.name] = shm
+    shm = _segment_type()(create=True, size=max(nbytes, 1))  # registered with the tracker
+    _own(shm)
     try:
-        return _SharedBlock(shm, creator=True, previous=previous)
+        return _SharedBlock(shm, owns_name=True, previous=previous)
     except BaseException:
         shm.close()
         _unlink(shm.name)
@@ -114,6 +217,12 @@ def _create_block(nbytes: int, previous: object) -> _SharedBlock:
 
 
 def _attach_block(name: str) -> _SharedBlock:
+    if _LINKS:
+        # The name was made for this receiver (`_name_for_receiver`), which owns it from here:
+        # tracked, so that the tracker unlinks it should this process be killed.
+        shm = _segment_type()(name=name)
+        _own(shm)
+        return _SharedBlock(shm, owns_name=True)
     if sys.version_info >= (3, 13):
         shm = _segment_type()(name=name, track=False)
     else:
@@ -121,7 +230,34 @@ def _attach_block(name: str) -> _SharedBlock:
         # started by multiprocessing share their parent's tracker, where that is a no-op; an
         # unrelated process would unlink the segment when it exits (python/cpython#82300).
         shm = _segment_type()(name=name)
-    return _SharedBlock(shm, creator=False)
+    return _SharedBlock(shm, owns_name=False)
+
+
+def _name_for_receiver(block: _SharedBlock) -> str:
+    """The name a pickle of ``block``'s memory carries: a new hard link on Linux (see above)."""
+    if not _LINKS:
+        return block.name
+    from multiprocessing import resource_tracker
+
+    source = os.path.join(_SHM_DIR, block.name)
+    family = block.name.partition(".")[0]
+    while True:
+        name = f"{family}.{os.urandom(8).hex()}"
+        try:
+            os.link(source, os.path.join(_SHM_DIR, name))
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            msg = (
+                f"multiprocessing: cannot send the shared-memory tensor in segment "
+                f"{block.name!r}: linking a name for the receiver failed ({exc}). Leave the "
+                f"segment's names in {_SHM_DIR} to tensorbridge while its tensors are sent."
+            )
+            raise OSError(msg) from exc
+        break
+    # The pickle's name, until a receiver takes it over; the tracker unlinks it if none does.
+    resource_tracker.register("/" + name, "shared_memory")
+    return name
 
 
 def share_memory(t: Tensor) -> Tensor:
@@ -136,9 +272,12 @@ def share_memory(t: Tensor) -> Tensor:
     shared memory is returned as it is.
 
     Pickling such a tensor through ``multiprocessing`` (``Queue``, ``Pool``,
-    ``ProcessPoolExecutor``) sends the segment's name: the receiving process maps the same memory,
-    and each side sees the other's writes. The creating process unlinks the segment when its
-    storage dies, so keep the tensor alive until the receiver has unpickled it.
+    ``ProcessPoolExecutor``) sends a name of the segment: the receiving process maps the same
+    memory, and each side sees the other's writes. On Linux each pickle carries a name of its
+    own, which the receiver unlinks with its tensor, so the sender may drop its tensor or exit
+    before the receiver has unpickled it; elsewhere the sender must keep the tensor alive until
+    then. The module docstring says who unlinks which name, and which names only the resource
+    tracker can.
 
     Raises:
         BufferError: the memory is not plain CPU memory.
@@ -174,13 +313,19 @@ def register_process_reducer(cls: type, reducer: Any) -> None:
 
 
 def process_args(t: Tensor) -> tuple[Any, ...] | None:
-    """What a shared-memory tensor is sent to another process as (its segment's name), or None."""
+    """What a shared-memory tensor is sent to another process as (a name of its segment), or None.
+
+    On Linux the name is made for this pickle (`_name_for_receiver`).
+
+    Raises:
+        OSError: no name could be made for the receiver.
+    """
     storage = t._storage
     owner = storage.owner
     if not isinstance(owner, _SharedBlock):
         return None
     return (
-        owner.name,
+        _name_for_receiver(owner),
         storage.nbytes,
         t._dtype.name,
         tuple(t._shape),
@@ -192,6 +337,7 @@ def process_args(t: Tensor) -> tuple[Any, ...] | None:
 
 
 def attach_storage(name: str, nbytes: int, readonly: bool) -> Storage:
-    """A storage over the segment called ``name``, mapped in this process."""
+    """A storage over the segment called ``name``, mapped in this process (which owns the name
+    from now on where names are made per pickle, on Linux)."""
     block = _attach_block(name)
     return Storage(block.ptr, min(nbytes, block.size), CPU, readonly, block)

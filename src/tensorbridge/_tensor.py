@@ -1166,8 +1166,9 @@ def equal(a: Tensor, b: Tensor) -> bool:
 
 # ---------------------------------------------------------------------------------------------- pickles
 # The functions a pickle names to rebuild a tensor live beside the class; `_pickle` and `_shared`
-# (below) supply the storages. Each layout goes through `Tensor._new`: a crafted pickle cannot
-# reach outside its storage.
+# (below) supply the storages. What a pickle says is checked first (`_pickle.checked_layout`:
+# types, a known dtype, one stride per size), and each layout goes through `Tensor._new`: a crafted
+# pickle cannot reach outside its storage.
 def _rebuild_tensor(
     data: Any,
     dtype_name: str,
@@ -1182,8 +1183,11 @@ def _rebuild_tensor(
     A tensor over ``data`` (bytes, bytearray, PickleBuffer, ...); a writable copy when the tensor
     was writable and ``data`` is not.
     """
+    dtype, shape, strides, offset, readonly, requires_grad = _pickle.checked_layout(
+        dtype_name, shape, strides, offset, readonly, requires_grad
+    )
     storage = _pickle.storage_over(data, readonly)
-    return _rebuilt(storage, dtype_name, shape, strides, offset, requires_grad)
+    return _rebuilt(storage, dtype, shape, strides, offset, requires_grad)
 
 
 def _rebuild_from_buffer(
@@ -1196,8 +1200,11 @@ def _rebuild_from_buffer(
     requires_grad: bool,
 ) -> Tensor:
     """Unpickle protocol 5: a tensor over ``data``'s memory, never a copy (see `_pickle`)."""
+    dtype, shape, strides, offset, readonly, requires_grad = _pickle.checked_layout(
+        dtype_name, shape, strides, offset, readonly, requires_grad
+    )
     storage = _pickle.buffer_storage(data, readonly)
-    return _rebuilt(storage, dtype_name, shape, strides, offset, requires_grad)
+    return _rebuilt(storage, dtype, shape, strides, offset, requires_grad)
 
 
 def _reduce_for_process(t: Tensor) -> tuple[Any, tuple[Any, ...]]:
@@ -1219,21 +1226,24 @@ def _rebuild_shared(
     requires_grad: bool,
 ) -> Tensor:
     """Unpickle a shared-memory tensor: map the segment by name (every process sees each write)."""
+    dtype, shape, strides, offset, readonly, requires_grad = _pickle.checked_layout(
+        dtype_name, shape, strides, offset, readonly, requires_grad
+    )
     storage = _shared.attach_storage(name, nbytes, readonly)
-    t = _rebuilt(storage, dtype_name, shape, strides, offset, requires_grad)
+    t = _rebuilt(storage, dtype, shape, strides, offset, requires_grad)
     _shared.register_process_reducer(Tensor, _reduce_for_process)  # sent on by name from here too
     return t
 
 
 def _rebuilt(
     storage: Storage,
-    dtype_name: str,
+    dtype: DType,
     shape: tuple[int, ...],
     strides: tuple[int, ...],
     offset: int,
     requires_grad: bool,
 ) -> Tensor:
-    t = Tensor._new(storage, offset, shape, strides, _dtype.BY_NAME[dtype_name], "__reduce_ex__")
+    t = Tensor._new(storage, offset, shape, strides, dtype, "pickle.loads")
     if requires_grad:
         t.requires_grad_(True)
     return t
