@@ -363,3 +363,39 @@ def test_numpy_writes_reach_the_tensor():
     assert t.tolist() == [0, 5, 0]
     r = tb.frombuffer(b"\x00" * 8, dtype=tb.int64)
     assert not np.asarray(r).flags.writeable
+
+
+# ------------------------------------------------------------------------------------------- probes
+class _Refusing:
+    """An exporter whose ``__buffer__`` (PEP 688) fails with the error it is given."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __buffer__(self, flags: int) -> memoryview:
+        raise self.error
+
+
+@needs_pep688
+@pytest.mark.parametrize("error", [BufferError("no"), ValueError("no"), TypeError("no")])
+def test_a_failed_buffer_request_is_no_buffer_to_a_probe(error):
+    assert _capi.PyObject_CheckBuffer(_Refusing(error)) == 1  # the type implements the protocol
+    assert _capi.offers_buffer(_Refusing(error)) is False
+
+
+@needs_pep688
+def test_a_probe_of_a_bfloat16_tensor_says_memoryview_gets_no_buffer():
+    t = tb.zeros(4, dtype=tb.bfloat16)
+    with pytest.raises(BufferError, match="format"):
+        memoryview(t)
+    assert _capi.offers_buffer(t) is False
+    assert _capi.offers_buffer(t, _capi.PY_BUF_SIMPLE) is True  # the raw bytes, no format
+    assert _capi.offers_buffer(tb.zeros(4, dtype=tb.float32)) is True
+
+
+def test_a_probe_holds_no_export():
+    data = bytearray(8)
+    assert _capi.offers_buffer(data) is True
+    data.extend(b"x")  # BufferError while an export is held
+    assert _capi.offers_buffer(object()) is False
+    assert _capi.offers_buffer(b"", _capi.PY_BUF_WRITABLE) is False  # bytes refuse writes

@@ -12,8 +12,9 @@ import textwrap
 
 import pytest
 
+import tensorbridge as tb
 from tensorbridge import cli
-from tensorbridge.cli import files, progress, render
+from tensorbridge.cli import files, progress, render, sides
 from tensorbridge.cli.errors import Unavailable
 
 pytestmark = pytest.mark.subprocess
@@ -126,6 +127,17 @@ def full_run(tmp_path_factory):
 def doctor_json(full_run):
     """The full run's exit status and JSON report."""
     return full_run[0], full_run[2]
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 12), reason="memoryview(t) calls Tensor.__buffer__ from Python 3.12"
+)
+def test_buffer_probes_take_a_refused_request_for_no_buffer():
+    t = tb.zeros(4, dtype=tb.bfloat16)  # its __buffer__ refuses memoryview's format request
+    assert sides.is_buffer(t) is False
+    with pytest.raises(Unavailable, match="gives memoryview no buffer"):
+        sides.MemoryviewSide().entry_points(t)
+    assert sides.is_buffer(tb.zeros(4, dtype=tb.float32)) is True
 
 
 def test_doctor_exits_zero_with_the_peers_installed(doctor_json):

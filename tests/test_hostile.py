@@ -798,6 +798,9 @@ def test_empty_device_view_reexports(shape: tuple[int, ...], strides: tuple[int,
 
 class _Packed(ctypes.Structure):
     _pack_ = 1
+    # Python 3.14 deprecates _pack_ without the MSVC layout it implies; before 3.14 ctypes ignores
+    # _layout_ (an ordinary class attribute), and _pack_ alone gives this layout.
+    _layout_ = "ms"
     _fields_ = (("a", ctypes.c_int8), ("b", ctypes.c_int32))
 
 

@@ -156,13 +156,29 @@ def test_array_interface_zero_size_accepts_null():
 
 
 def test_array_interface_keeps_numpy_scalar_ref():
-    """A NumPy scalar's interface points into a temporary array under '__ref'; the storage keeps it."""
+    """An interface that names the array its memory belongs to under '__ref' (NumPy before 2.5
+    gives a scalar's interface one: a temporary array) has the storage keep that array."""
     np = pytest.importorskip("numpy")
-    s = np.float64(2.5)
-    t = tb.asarray(Exporter(s.__array_interface__))
+    temporary = np.array(2.5)
+    iface = {**temporary.__array_interface__, "__ref": temporary}
+    ref = weakref.ref(temporary)
+    del temporary
+    t = tb.asarray(Exporter(iface))
+    del iface
     gc.collect()
     assert t.item() == 2.5
-    assert any(isinstance(o, np.ndarray) for o in t._storage.owner)
+    assert ref() is not None and any(o is ref() for o in t._storage.owner)
+
+
+def test_array_interface_of_a_numpy_scalar_keeps_its_memory():
+    """NumPy 2.5 points a scalar's interface into the scalar itself (read-only, no '__ref'), older
+    NumPy into a temporary under '__ref': an alias of either keeps that memory alive."""
+    np = pytest.importorskip("numpy")
+    scalar = np.float64(2.5)
+    t = _interfaces.import_array_interface(scalar, scalar.__array_interface__, "asarray")
+    del scalar
+    gc.collect()
+    assert t.item() == 2.5
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ __all__ = [
     "new_managed",
     "new_object",
     "new_tuple",
+    "offers_buffer",
     "read_dims",
     "read_versioned",
     "steal",
@@ -353,8 +354,29 @@ def has_generic_getattr(cls: type) -> bool:
     return bool(_PyType_GetSlot(cls, _PY_TP_GETATTRO) == _GENERIC_GETATTR)
 
 
-# Used by asarray to recognise buffer exporters without acquiring (or failing to acquire) a buffer.
+# Used by asarray to recognise buffer exporters without acquiring (or failing to acquire) a buffer:
+# whether the type implements the protocol, as PyTorch's asarray asks; from 3.12 every class with a
+# ``__buffer__`` (PEP 688) does, whether or not a given request then succeeds. A probe asks
+# `offers_buffer` instead.
 PyObject_CheckBuffer: Final = _bind("PyObject_CheckBuffer", _int, _py)
+
+
+def offers_buffer(obj: object, flags: int = PY_BUF_FULL_RO) -> bool:
+    """Whether a consumer asking ``obj`` for a buffer with ``flags`` gets one (the default is what
+    ``memoryview(obj)`` asks): the one answer every buffer probe gives.
+
+    A failed request means no, whatever it raised: ``TypeError`` (no buffer protocol),
+    ``BufferError`` (the exporter refused this request: from Python 3.12 a class's ``__buffer__``
+    may, as a bfloat16 `Tensor` refuses to name its format) or any other error of the exporter's,
+    as NumPy treats a failed request while it looks for an array. The buffer is released before
+    this returns.
+    """
+    try:
+        acquire_buffer(obj, flags)  # the held view it returns releases itself as it dies here
+    except Exception:
+        return False
+    return True
+
 
 # ``types.CapsuleType`` exists only from Python 3.13; every capsule shares this type.
 CapsuleType: Final[type] = type(PyCapsule_New(id(_api), None, None))

@@ -340,13 +340,28 @@ class _Float16Codec(_NarrowFloatCodec):
         floats = memoryview(data).cast("f").tolist()
         fmt = f"{len(floats)}e"
         try:
-            return struct.pack(fmt, *floats)  # rounds once from a float32 value: nearest even
+            packed = struct.pack(fmt, *floats)  # rounds once from a float32 value: nearest even
         except OverflowError:  # struct refuses finite values that round past 65504
-            return struct.pack(fmt, *map(_saturate_half, floats))
+            packed = struct.pack(fmt, *map(_saturate_half, floats))
+        return _canonical_half_nans(packed)
 
 
 def _saturate_half(value: float) -> float:
     return math.copysign(_INF, value) if abs(value) >= 65520.0 else value
+
+
+def _canonical_half_nans(packed: bytes) -> bytes:
+    """Every float16 NaN in ``packed`` as c10 writes one: 0x7E00, its sign kept. struct's ``e``
+    gives that before Python 3.14 and keeps (the top bits of) a NaN's payload from 3.14 on."""
+    count = len(packed) // 2
+    bits = int.from_bytes(packed, BYTE_ORDER)
+    # Lane-wise magnitude > 0x7C00 (NaN) sets bit 15; no lane can carry into the next.
+    nan = ((bits & _lanes(0x7FFF, count, 2)) + _lanes(0x03FF, count, 2)) & _lanes(0x8000, count, 2)
+    if not nan:
+        return packed
+    whole = (nan >> 15) * 0xFFFF
+    canonical = (bits & _lanes(0x8000, count, 2)) | _lanes(0x7E00, count, 2)
+    return ((bits & ~whole) | (canonical & whole)).to_bytes(len(packed), BYTE_ORDER)
 
 
 class _BFloat16Codec(_NarrowFloatCodec):

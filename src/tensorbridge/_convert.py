@@ -389,6 +389,11 @@ def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, a
             raise ValueError(msg)
         return _creation.from_data(obj, dtype, want, requires_grad, api)
     else:
+        if copy is None and path is _ARRAY_INTERFACE and _is_numpy_scalar(obj):
+            # A NumPy scalar is a value, not memory to share: PyTorch copies it. NumPy 2.5's
+            # interface points into the (immutable) scalar itself, read-only, where older ones
+            # made a writable temporary ('__ref') at each read.
+            copy = True
         t, copied = _import(path, obj, found, want, copy, dtype, api)
     if dtype is None and want is None and not copy and requires_grad is False:
         return t  # nothing to apply (the common case)

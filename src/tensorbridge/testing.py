@@ -20,7 +20,7 @@ a layout mistake in tensorbridge is not repeated by the producer that tests it.
 `CountingExporter` wraps a tensorbridge tensor as a producer whose capsules' deleter calls are
 counted, to see how often another consumer calls tensorbridge's deleter. The helpers
 `capsule_name`, `capsule_flags`, `consume_capsule`, `buffer_address` and `dtype_from_format`
-inspect what a producer or a consumer did.
+inspect what a producer or a consumer did; `offers_buffer` (`_capi`'s) is the one buffer probe.
 
 ``import tensorbridge`` does not import this module; it imports no array library and no pytest.
 """
@@ -59,6 +59,7 @@ __all__ = [
     "consume_capsule",
     "dtype_from_format",
     "local_ray",
+    "offers_buffer",
     "stats",
 ]
 
@@ -67,6 +68,7 @@ DLPACK_VERSION: Final = (1, 3)  # the newest DLPack version tensorbridge impleme
 FLAG_READ_ONLY: Final = 1 << 0  # DLPACK_FLAG_BITMASK_READ_ONLY
 FLAG_IS_COPIED: Final = 1 << 1  # DLPACK_FLAG_BITMASK_IS_COPIED
 DTYPES: Final[tuple[DType, ...]] = ALL_DTYPES  # every tensorbridge dtype, in its listing order
+offers_buffer: Final = _capi.offers_buffer  # whether a buffer request succeeds (a failure means no)
 
 _VERSIONED_NAME: Final = b"dltensor_versioned"
 _LEGACY_NAME: Final = b"dltensor"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 import tensorbridge as tb
-from tensorbridge.testing import DTYPES, buffer_address, dtype_from_format
+from tensorbridge.testing import DTYPES, buffer_address, dtype_from_format, offers_buffer
 
 from .errors import Unavailable
 
@@ -260,7 +260,10 @@ class MemoryviewSide(Side):
 
     def entry_points(self, obj: Any) -> list[tuple[str, Callable[[], Any]]]:
         if not is_buffer(obj):
-            msg = f"memoryview: a bytes-like object is required, not {type(obj).__name__!r}"
+            msg = (
+                f"memoryview: {type(obj).__name__!r} gives memoryview no buffer (it has no "
+                f"buffer protocol, or refuses a request for its format)"
+            )
             raise Unavailable(msg)
         return [("memoryview", lambda: memoryview(obj))]
 
@@ -324,9 +327,7 @@ def format_dtype(obj: Any) -> str:
 
 
 def is_buffer(obj: Any) -> bool:
-    """Whether ``obj`` exports the buffer protocol."""
-    try:
-        memoryview(obj).release()
-    except TypeError:
-        return False
-    return True
+    """Whether ``memoryview(obj)`` gets a buffer (with a format `format_dtype` can read): False for
+    an object without the buffer protocol and for an exporter that refuses the request (from Python
+    3.12 a bfloat16 tensor's ``__buffer__``), as `offers_buffer` decides for every probe."""
+    return offers_buffer(obj)
