@@ -143,21 +143,36 @@ def test_unaligned_view_is_copied_by_jax(counting_exporter):
     assert exporter.total == 1
 
 
-def test_jax_asks_without_max_version(counting_exporter):
-    """JAX 0.10 calls __dlpack__(stream=None) only, so it receives a legacy capsule."""
+def _jax_asks(counting_exporter) -> dict[str, object]:
+    """The keywords ``jnp.from_dlpack`` passes to ``__dlpack__``, observed: JAX 0.10 passes
+    ``stream=None`` alone (a legacy capsule), JAX 0.12 ``max_version=(1, 3)`` too."""
     exporter = counting_exporter(tb.arange(4, dtype=tb.float32))
-    jnp.from_dlpack(exporter)
-    assert exporter.kwargs == [{"stream": None}]
+    assert jnp.from_dlpack(exporter).tolist() == [0.0, 1.0, 2.0, 3.0]
+    (kwargs,) = exporter.kwargs
+    return kwargs
 
 
-def test_read_only_tensor_cannot_go_to_jax_as_legacy():
-    """JAX asks for a legacy capsule, which cannot carry READ_ONLY: read-only tensors refuse."""
+def test_jax_asks_for_a_capsule_tensorbridge_gives(counting_exporter):
+    """JAX asks once, with ``stream=None`` and at most a ``max_version`` of DLPack 1.x."""
+    kwargs = _jax_asks(counting_exporter)
+    assert kwargs["stream"] is None and set(kwargs) <= {"stream", "max_version"}
+    version = kwargs.get("max_version", (1, 0))
+    assert isinstance(version, tuple) and version[0] == 1
+
+
+def test_read_only_tensor_goes_to_jax_only_as_versioned(counting_exporter):
+    """A legacy capsule cannot carry READ_ONLY, so a read-only tensor refuses one (JAX up to 0.10
+    asks for it); a versioned capsule says read-only, and JAX, whose arrays are immutable, takes it."""
+    versioned = "max_version" in _jax_asks(counting_exporter)
     a = np.arange(4.0, dtype=np.float32)
     a.flags.writeable = False
     t = tb.asarray(a)  # read-only on every NumPy (from_dlpack is refused before NumPy 2.1)
     assert t.is_readonly
-    with pytest.raises(BufferError, match="read-only"):
-        jnp.from_dlpack(t)
+    if versioned:
+        assert jnp.from_dlpack(t).tolist() == [0.0, 1.0, 2.0, 3.0]
+    else:
+        with pytest.raises(BufferError, match="read-only"):
+            jnp.from_dlpack(t)
     assert jnp.from_dlpack(t.clone()).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
