@@ -91,6 +91,16 @@ def _row_major(shape: list[int]) -> list[int]:
     return strides[::-1]
 
 
+def _item_strides(shape: list[int], byte_strides: list[int], itemsize: int) -> list[int] | None:
+    """Byte strides in items, or None when one that addresses memory is not whole items. The
+    stride of a size-1 dimension, and every stride of an empty layout, addresses nothing: any
+    value (0 here) reaches the same elements."""
+    irrelevant = [0 in shape or n == 1 for n in shape]
+    if any(s % itemsize and not idle for s, idle in zip(byte_strides, irrelevant, strict=True)):
+        return None
+    return [0 if idle else s // itemsize for s, idle in zip(byte_strides, irrelevant, strict=True)]
+
+
 class _Memory:
     """Fenced memory for a layout: ``first`` is where byte 0 of element [0, ..., 0] should go."""
 
@@ -347,9 +357,9 @@ def run_interface(spec: dict[str, Any]) -> dict[str, Any]:
         elif (
             isinstance(strides, list)
             and len(strides) == len(shape)
-            and all(type(s) is int and s % itemsize == 0 for s in strides)
+            and all(type(s) is int for s in strides)
         ):
-            element_strides = [s // itemsize for s in strides]
+            element_strides = _item_strides(shape, strides, itemsize)
     span = _span(shape, element_strides) if element_strides is not None else None
     memory = None
     if span is not None and itemsize and not cuda:
@@ -434,9 +444,7 @@ def run_buffer(spec: dict[str, Any]) -> dict[str, Any]:
     """frombuffer and asarray of a memoryview built from a crafted ``Py_buffer``."""
     itemsize, shape, strides = spec["itemsize"], spec["shape"], spec["strides"]
     element_strides = (
-        _row_major(shape)
-        if strides is None
-        else [s // itemsize if itemsize > 0 and s % itemsize == 0 else None for s in strides]
+        _row_major(shape) if strides is None else _item_strides(shape, strides, itemsize)
     )
     byte_strides = [s * itemsize for s in _row_major(shape)] if strides is None else strides
     span = _span(shape, byte_strides)
@@ -472,7 +480,7 @@ def run_buffer(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["api"] == "frombuffer":
         reach = (memory.first, memory.first + length)
     else:
-        if None in element_strides:
+        if element_strides is None:
             return _outcome(None, "strides that are not whole elements were imported")
         reach = (memory.first + low, memory.first + high) if span is not None else (0, 0)
         if lies:
@@ -776,6 +784,32 @@ def test_buffer_whose_shape_exceeds_its_len() -> None:
         "at_end": True,
     }
     _run_batch("buffer", [spec])
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides"),
+    [([1], [-6]), ([1, 3], [-6, 4]), ([3, 1], [4, 7]), ([0, 3], [6, 4]), ([2], [6])],
+)
+def test_buffer_strides_that_address_nothing_need_not_be_whole(
+    shape: list[int], strides: list[int]
+) -> None:
+    """The stride of a size-1 dimension, and every stride of an empty buffer, addresses nothing:
+    such a buffer is imported whatever that stride is; a stride that addresses memory must be whole
+    elements."""
+    spec = {
+        "format": "=i",
+        "itemsize": 4,
+        "shape": shape,
+        "strides": strides,
+        "readonly": 0,
+        "len_error": 0,
+        "api": "asarray",
+        "count": -1,
+        "offset": 0,
+        "at_end": True,
+    }
+    [result] = _run_batch("buffer", [spec])
+    assert result["result"] == ("BufferError" if shape == [2] else "ok"), result
 
 
 @pytest.mark.parametrize(

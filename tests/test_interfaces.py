@@ -73,6 +73,20 @@ def test_array_interface_tuple_data_shares_memory():
     assert buf[5] == -7
 
 
+@pytest.mark.parametrize(
+    ("shape", "strides", "expected"),
+    [((1, 3), (-6, 4), (3, 1)), ((3, 1), (4, 7), (1, 1)), ((0, 3), (6, 4), (3, 1))],
+)
+def test_array_interface_idle_strides_need_not_be_whole_elements(shape, strides, expected):
+    """A size-1 dimension's stride, and every stride of an empty array, addresses nothing: one that
+    is not whole elements is read as the row-major stride (NumPy exports such strides to DLPack)."""
+    buf, ptr = _int32_memory([1, 2, 3])
+    obj = Exporter(_iface(ptr, shape, strides=strides), buf)
+    t = tb.asarray(obj)
+    _check_view(t, ptr, shape, expected, tb.int32, "cpu", False, obj)
+    assert t.tolist() == ([[1, 2, 3]] if shape == (1, 3) else [[1], [2], [3]] if shape[0] else [])
+
+
 def test_array_interface_readonly_flag_gives_readonly_tensor():
     """data=(ptr, True) makes a tensor whose writes raise and leave the memory unchanged."""
     buf, ptr = _int32_memory([1, 2])
@@ -195,7 +209,7 @@ def test_array_interface_of_a_numpy_scalar_keeps_its_memory():
         ({"shape": "2"}, TypeError, "shape"),
         ({"shape": (2.0,)}, TypeError, "int"),
         ({"shape": (2**62, 2**62)}, ValueError, "more than a process can address"),
-        ({"strides": (3,)}, BufferError, "multiples of the itemsize"),
+        ({"shape": (2,), "strides": (3,)}, BufferError, "multiples of the itemsize"),
         ({"strides": (4, 4)}, ValueError, "2 strides for 1 dimensions"),
         ({"version": 2}, BufferError, "version 2"),
         ({"version": True}, BufferError, "version True"),

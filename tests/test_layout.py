@@ -112,6 +112,25 @@ def test_extent_is_the_lowest_and_highest_element(layout):
     assert _layout.extent(layout.offset, layout.shape, layout.strides) == want
 
 
+@given(layout=S.layouts(), itemsize=st.sampled_from([2, 4, 8]), data=st.data())
+def test_element_strides_reach_the_same_elements(layout, itemsize, data):
+    """Byte strides become item strides that reach the same elements; a stride that addresses
+    nothing (a size-1 dimension's, any of an empty layout) may be any byte count, and becomes the
+    row-major stride when it is not whole items; one that addresses memory must be whole items."""
+    idle = [0 in layout.shape or n == 1 for n in layout.shape]
+    odd = [data.draw(st.integers(0, itemsize - 1)) for _ in layout.shape]
+    byte_strides = [s * itemsize + o for s, o in zip(layout.strides, odd, strict=True)]
+    got = _layout.element_strides(layout.shape, byte_strides, itemsize)
+    if any(o and not i for o, i in zip(odd, idle, strict=True)):
+        assert got is None
+        return
+    row_major = _layout.contiguous_strides(layout.shape)
+    assert got == tuple(
+        r if o else s for s, o, r in zip(layout.strides, odd, row_major, strict=True)
+    )
+    assert S.element_offsets(layout.offset, layout.shape, got) == layout.offsets()
+
+
 def test_extent_uses_python_ints():
     """Huge strides do not wrap: the extent is exact."""
     assert _layout.extent(0, (3,), (2**62,)) == (0, 2**63)

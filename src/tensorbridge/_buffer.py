@@ -291,7 +291,7 @@ def _described(obj: Any, api: str, numpy: bool = False) -> Tensor | None:
     elif byte_strides is None:
         strides = _layout.contiguous_strides(shape)
     else:
-        strides = _element_strides(byte_strides, itemsize, api)
+        strides = _element_strides(shape, byte_strides, itemsize, api)
     storage: Storage
     if contiguous and (buf or not numel):
         storage, offset = held, 0  # the items fill the buffer's own [buf, buf + len)
@@ -327,20 +327,21 @@ def _odd_shape(
     raise BufferError(msg)
 
 
-def _element_strides(byte_strides: tuple[int, ...], itemsize: int, api: str) -> tuple[int, ...]:
-    """A buffer's strides in items; `BufferError` unless each is a whole number of them."""
+def _element_strides(
+    shape: tuple[int, ...], byte_strides: tuple[int, ...], itemsize: int, api: str
+) -> tuple[int, ...]:
+    """A buffer's strides in items; `BufferError` unless each that addresses memory is a whole
+    number of them (`_layout.element_strides`)."""
     if itemsize == 1:
         return byte_strides
-    elements = []
-    for stride in byte_strides:
-        if stride % itemsize:
-            msg = (
-                f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
-                f"itemsize ({itemsize}); tensor strides count whole elements."
-            )
-            raise BufferError(msg)
-        elements.append(stride // itemsize)
-    return tuple(elements)
+    strides = _layout.element_strides(shape, byte_strides, itemsize)
+    if strides is None:
+        msg = (
+            f"{api}(): the buffer's strides {byte_strides} (bytes) are not multiples of its "
+            f"itemsize ({itemsize}); tensor strides count whole elements."
+        )
+        raise BufferError(msg)
+    return strides
 
 
 def import_ndarray(obj: Any, api: str) -> Tensor | None:

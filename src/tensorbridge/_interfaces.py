@@ -211,7 +211,8 @@ def _shape_of(value: object, api: str, name: str) -> tuple[int, ...]:
 def _strides_of(
     value: object, shape: tuple[int, ...], itemsize: int, api: str, name: str
 ) -> tuple[int, ...]:
-    """Byte strides (None: C-contiguous) converted to element strides; each must be whole elements."""
+    """Byte strides (None: C-contiguous) converted to element strides; each that addresses memory
+    must be whole elements."""
     if value is None:
         return _layout.contiguous_strides(shape)
     if not isinstance(value, (tuple, list)):
@@ -224,14 +225,15 @@ def _strides_of(
             f"{list(strides)} and shape {list(shape)}."
         )
         raise ValueError(msg)
-    if any(s % itemsize for s in strides):
+    elements = _layout.element_strides(shape, strides, itemsize)
+    if elements is None:
         # As NumPy's DLPack export: "DLPack only supports strides which are a multiple of itemsize."
         msg = (
             f"{api}(): {name} strides {list(strides)} (bytes) are not all multiples of the itemsize "
             f"({itemsize}); tensor strides count whole elements. Copy the data to a compact array first."
         )
         raise BufferError(msg)
-    return tuple(s // itemsize for s in strides)
+    return elements
 
 
 def _parse_layout(iface: object, api: str, name: str) -> tuple[dict[str, Any], _Layout]:

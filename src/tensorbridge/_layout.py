@@ -16,6 +16,7 @@ __all__ = [
     "as_shape",
     "broadcast_shapes",
     "contiguous_strides",
+    "element_strides",
     "extent",
     "infer_shape",
     "is_contiguous",
@@ -73,6 +74,31 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     for i in range(len(shape) - 1, -1, -1):
         strides[i] = acc
         acc *= max(shape[i], 1)
+    return tuple(strides)
+
+
+def element_strides(
+    shape: Sequence[int], byte_strides: Sequence[int], itemsize: int
+) -> tuple[int, ...] | None:
+    """Byte strides counted in items of ``itemsize`` bytes; None when one that matters is not a
+    whole number of items.
+
+    The stride of a dimension of size 1, and every stride of a layout that holds no element,
+    addresses nothing (NumPy exports such strides to DLPack whatever they are): one that is not
+    whole items becomes the row-major stride of its dimension.
+    """
+    row_major: tuple[int, ...] | None = None
+    empty = 0 in shape
+    strides = []
+    for i, stride in enumerate(byte_strides):
+        if stride % itemsize == 0:
+            strides.append(stride // itemsize)
+            continue
+        if not empty and shape[i] != 1:
+            return None
+        if row_major is None:
+            row_major = contiguous_strides(shape)
+        strides.append(row_major[i])
     return tuple(strides)
 
 
