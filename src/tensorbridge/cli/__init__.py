@@ -111,17 +111,10 @@ def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _silence_stdout() -> None:
-    """Point stdout at the null device after its reader went away.
+    """Point stdout at the null device after its reader went away (`progress.silence`)."""
+    from .progress import silence
 
-    Python flushes stdout again at exit; with the pipe closed that flush would print "Exception
-    ignored ... BrokenPipeError" and turn the exit status into 120.
-    """
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # no file descriptor (stdout was replaced)
-        pass
+    silence(sys.stdout)
 
 
 def _emit(text: str) -> bool:

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Final, TextIO
 
 from .render import WIDTH
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "silence"]
+
+
+def silence(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at the null device once its reader has gone away.
+
+    What the stream still buffers then goes nowhere: Python flushes stdout and stderr again at
+    exit, and a failed flush turns the exit status into 120 (stdout's, with "Exception ignored ...
+    BrokenPipeError"; stderr's too on Python 3.14 and later, where 3.11 ignores it).
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (the stream was replaced)
+        pass
 
 
 class Progress:
@@ -71,6 +87,7 @@ class Progress:
             self.stream.flush()
         except (OSError, ValueError):  # closed or broken: stop showing progress, go on
             self.enabled = False
+            silence(self.stream)
 
     def close(self) -> None:
         self._stop.set()
