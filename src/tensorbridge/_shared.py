@@ -135,7 +135,10 @@ def _after_fork_in_parent() -> None:
 
 def _after_fork_in_child() -> None:
     _OWNED.clear()  # what the child inherited belongs to its parent
-    _after_fork_in_parent()  # the forking thread is the child's only one: it holds the lock
+    # The forking thread is the child's only one: it holds the lock, unless the tracker's own
+    # at-fork hook ran first and made it a fresh one (Python 3.14.10 and 3.15 do: gh-146313).
+    with contextlib.suppress(RuntimeError):
+        _after_fork_in_parent()
 
 
 if sys.platform != "win32":
