@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
 import sys
 import weakref
 
@@ -95,17 +97,90 @@ def test_numpy_from_tensorbridge_shares_every_dtype(name):
     assert a[2] == a[3]
 
 
+_LACKS_CHILD = """
+import gc, json, sys, weakref
+sys.modules["ml_dtypes"] = None  # nothing registers a dtype with NumPy
+import numpy as np
+import tensorbridge as tb
+t = tb.zeros(4, dtype=getattr(tb, sys.argv[1]))
+alive = weakref.ref(t)
+try:
+    np.from_dlpack(t)
+except Exception as exc:
+    error = [type(exc).__name__, str(exc)]
+else:
+    error = None
+del t
+gc.collect()  # the rejected capsule was abandoned; the reaper releases it
+print(json.dumps({"error": error, "alive": alive() is not None}))
+"""
+
+
 @pytest.mark.parametrize("name", NON_NUMPY_DTYPES)
 def test_dtypes_numpy_lacks_fail_cleanly(name):
-    """NumPy's error for a dtype it lacks passes through (no SystemError); nothing leaks."""
-    t = tb_sample(name)
-    alive = weakref.ref(t)
-    with pytest.raises((RuntimeError, BufferError), match="Unsupported") as info:
-        np.from_dlpack(t)
-    assert type(info.value) in (RuntimeError, BufferError)  # NumPy 2.4 / 2.5
-    del t, info
-    gc.collect()  # the rejected capsule was abandoned; the reaper releases it
-    assert alive() is None
+    """NumPy's error for a dtype it lacks passes through (no SystemError); nothing leaks.
+
+    In a child that never imports ml_dtypes: ml_dtypes 0.7 registers its types with NumPy 2.5's
+    DLPack (below), and any test (or JAX) that imported it would have done so in this process.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", _LACKS_CHILD, name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["error"] is not None, f"NumPy imported {name}"
+    kind, message = result["error"]
+    assert kind in ("RuntimeError", "BufferError"), result  # NumPy 2.4 / 2.5
+    assert "Unsupported" in message, result
+    assert not result["alive"]
+
+
+def _ml_dtypes_registers(ml_dtypes):
+    """Whether importing ml_dtypes registered its types with NumPy's DLPack: NumPy 2.5 has
+    ``np.dtypes.register_dlpack_dtype``, and ml_dtypes 0.7 calls it when imported under it."""
+    return hasattr(np.dtypes, "register_dlpack_dtype") and (
+        np.lib.NumpyVersion(ml_dtypes.__version__) >= "0.7.0"
+    )
+
+
+ML_DTYPES_NAMES = [d.name for d in tb._dtype.ALL_DTYPES if d.ml_dtypes is not None]
+
+
+@pytest.mark.parametrize("name", ML_DTYPES_NAMES)
+def test_ml_dtypes_registered_dtypes_reach_numpy_through_dlpack(name):
+    """Decision: where ml_dtypes registers its types with NumPy (NumPy 2.5, ml_dtypes 0.7),
+    np.from_dlpack shares a bfloat16, complex32 or float8 tensor as the ml_dtypes array, and that
+    array comes back through DLPack as the same dtype over the same memory. Elsewhere NumPy's
+    refusal passes through."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_type = getattr(ml_dtypes, name, None)
+    if ml_type is None:
+        pytest.skip(f"ml_dtypes {ml_dtypes.__version__} has no {name}")
+    t = tb_sample(name, 4)
+    if not _ml_dtypes_registers(ml_dtypes):
+        with pytest.raises((RuntimeError, BufferError), match="Unsupported"):
+            np.from_dlpack(t)
+        return
+    a = np.from_dlpack(t)
+    assert a.dtype == np.dtype(ml_type)
+    assert data_ptr(a) == t.data_ptr()
+    assert a.tobytes() == t.numpy().tobytes()
+    back = tb.from_dlpack(a)
+    assert back.dtype is t.dtype
+    assert back.data_ptr() == t.data_ptr()
+    assert tb.asarray(a).dtype is t.dtype
+
+
+def test_float4_pairs_stay_refused_by_numpy_with_ml_dtypes():
+    """float4_e2m1fn_x2 (two values per byte, lanes=2) has no NumPy dtype even where ml_dtypes
+    registers its types: NumPy's refusal passes through."""
+    pytest.importorskip("ml_dtypes")
+    with pytest.raises((RuntimeError, BufferError), match="Unsupported"):
+        np.from_dlpack(tb_sample("float4_e2m1fn_x2"))
 
 
 def test_bfloat16_reaches_numpy_through_ml_dtypes():
@@ -120,11 +195,26 @@ def test_bfloat16_reaches_numpy_through_ml_dtypes():
     assert b.astype(np.float32).tolist() == [0.5, -1.0]
 
 
-def test_ml_dtypes_array_is_refused_by_numpy_export():
-    """NumPy refuses to export an ml_dtypes array; its BufferError passes through unchanged."""
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "bcomplex32"])
+def test_ml_dtypes_array_exported_by_numpy(name):
+    """An ml_dtypes array reaches tensorbridge through NumPy's DLPack export where ml_dtypes
+    registers its types (as its own dtype, over its memory; a type tensorbridge lacks, such as
+    bcomplex32, is tensorbridge's clean refusal); elsewhere NumPy's BufferError passes through."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    with pytest.raises(BufferError, match="DLPack only supports"):
-        tb.from_dlpack(np.zeros(3, dtype=ml_dtypes.bfloat16))
+    ml_type = getattr(ml_dtypes, name, None)
+    if ml_type is None:
+        pytest.skip(f"ml_dtypes {ml_dtypes.__version__} has no {name}")
+    a = np.zeros(3, dtype=ml_type)
+    if not _ml_dtypes_registers(ml_dtypes):
+        with pytest.raises(BufferError, match="DLPack only supports"):
+            tb.from_dlpack(a)
+    elif not hasattr(tb, name):
+        with pytest.raises(BufferError, match=r"from_dlpack\(\): unsupported DLPack dtype"):
+            tb.from_dlpack(a)
+    else:
+        t = tb.from_dlpack(a)
+        assert t.dtype is getattr(tb, name)
+        assert t.data_ptr() == data_ptr(a)
 
 
 def test_layout_to_numpy(layout):
