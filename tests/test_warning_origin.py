@@ -100,8 +100,9 @@ ZERO_D_MT = "Tensor.mT is deprecated on 0-D tensors. This function is the identi
 SITE_LINES = [(4, ZERO_D_T), (5, ZERO_D_MT), (6, UINT8_TEXT + "."), (7, UINT8_TEXT + ".")]
 SURVIVED = "survived [[7, 8, 9], [3, 4, 5]]"
 # The interactive prompt runs each statement as line 1 of a pseudo-file: "<stdin>", or from Python
-# 3.13 one per input ("<stdin>-N" read from a pipe, "<python-input-N>" typed on a terminal).
-PROMPT_FILE = r"<stdin>(?:-\d+)?|<python-input-\d+>"
+# 3.13 one per input ("<stdin>-N" read from a pipe, "<python-input-N>" typed on a terminal; 3.14's
+# basic prompt, on a pipe or a terminal without the capabilities the new one needs, "<stdin-N>").
+PROMPT_FILE = r"<stdin>(?:-\d+)?|<stdin-\d+>|<python-input-\d+>"
 # Typed first at the prompt: every warning shown, however the prompt's own code resets the
 # "default" action's registry (Python 3.13's terminal prompt does, between inputs).
 SHOW_ALL = "import warnings\nwarnings.simplefilter('always')\n"
