@@ -119,6 +119,7 @@ import gc
 import json
 import multiprocessing
 import os
+import sys
 
 import tensorbridge as tb
 
@@ -179,7 +180,8 @@ def run(ctx, method):
             got, [list(range(i, N)) for i in range(N)], families
         )
         del got, base
-    if method != "fork":  # max_tasks_per_child refuses fork
+    # max_tasks_per_child refuses fork, and exists from Python 3.11 (the Pool below covers 3.10)
+    if method != "fork" and sys.version_info >= (3, 11):
         with concurrent.futures.ProcessPoolExecutor(
             2, mp_context=ctx, max_tasks_per_child=1
         ) as ex:
@@ -238,7 +240,9 @@ def test_tensors_shared_in_workers_come_back_and_leave_no_segment(tmp_path):
     for method, checks in got.items():
         counts = checks["counts"]
         assert counts == dict.fromkeys(counts, 20), (method, counts)
-        assert len(counts) == (7 if method == "fork" else 8), method
+        # the max_tasks_per_child executor runs on 3.11+ and not under fork
+        per_task = method != "fork" and sys.version_info >= (3, 11)
+        assert len(counts) == (8 if per_task else 7), method
         assert len(checks["families"]) >= 4 * 20, method  # each worker shared its own
         assert checks["left"] == [], method  # in the parent, its tensors dropped, workers gone
         assert _left_in_dev_shm(set(checks["families"])) == [], method  # after the program
