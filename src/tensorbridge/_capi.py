@@ -213,8 +213,9 @@ def _ctypes_void_callback(function: Any) -> int:
 def void_callback(function: Any) -> int:
     """The address of a C callback ``void f(void *pointer)`` that runs ``function(pointer as an
     int)`` on any thread, with the GIL taken. Compiled, a pending exception is kept as it was;
-    otherwise it is taken out first (see above). ``function`` lives as long as the process: it
-    must do nothing once the interpreter finalises, and bind what it calls as defaults."""
+    otherwise it is taken out first (see above). ``function`` lives as long as the process and
+    also runs while the interpreter finalises: it decides what is safe then, and binds what it
+    calls as defaults (module globals may be cleared)."""
     if _direct is not None:
         address: int = _direct.void_callback(function)
         return address

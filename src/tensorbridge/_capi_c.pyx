@@ -351,41 +351,43 @@ def dlpack_capsule_destructor(object release):
 # do. One C function per slot, since a C function pointer carries no data of its own.
 cdef extern from "Python.h":
     int _initialized "Py_IsInitialized" () nogil
+    int _holds_gil "PyGILState_Check" () nogil
 
 cdef enum:
     _CALLBACK_SLOTS = 4
 cdef list _callbacks = [None] * _CALLBACK_SLOTS
 
 
-cdef void _run_callback(int slot, void* pointer) noexcept:
-    # With the GIL. Nothing runs while the interpreter finalises (leak, never crash).
+cdef void _run_callback(int slot, void* pointer) noexcept with gil:
+    # The callable runs while the interpreter finalises too: it decides what is safe then (a
+    # DLPack deleter does nothing, an Arrow release must still mark its struct released, or Arrow
+    # aborts the process). During the interpreter's teardown only a thread that holds the GIL
+    # (the one tearing it down) gets here: another one may no longer take it.
+    if _callbacks is None:
+        return
     function = _callbacks[slot]
-    if function is not None and not _finalizing():
+    if function is not None:
         _call_keeping_error(<PyObject*>function, pointer, NULL)
 
 
 cdef void _callback_0(void* pointer) noexcept nogil:
-    if _initialized():
-        with gil:
-            _run_callback(0, pointer)
+    if _holds_gil() or _initialized():
+        _run_callback(0, pointer)
 
 
 cdef void _callback_1(void* pointer) noexcept nogil:
-    if _initialized():
-        with gil:
-            _run_callback(1, pointer)
+    if _holds_gil() or _initialized():
+        _run_callback(1, pointer)
 
 
 cdef void _callback_2(void* pointer) noexcept nogil:
-    if _initialized():
-        with gil:
-            _run_callback(2, pointer)
+    if _holds_gil() or _initialized():
+        _run_callback(2, pointer)
 
 
 cdef void _callback_3(void* pointer) noexcept nogil:
-    if _initialized():
-        with gil:
-            _run_callback(3, pointer)
+    if _holds_gil() or _initialized():
+        _run_callback(3, pointer)
 
 
 cdef _void_function _CALLBACK_FUNCTIONS[_CALLBACK_SLOTS]
@@ -395,8 +397,8 @@ _CALLBACK_FUNCTIONS[:] = [_callback_0, _callback_1, _callback_2, _callback_3]
 def void_callback(object function not None):
     """The address of a C function ``void f(void *pointer)`` that calls ``function(pointer as an
     int)`` from any thread, taking the GIL, with any pending exception kept as it was (the
-    callable's own failure is reported as unraisable). ``function`` is held for the life of the
-    process; at most four per process."""
+    callable's own failure is reported as unraisable), until the interpreter is torn down.
+    ``function`` is held for the life of the process; at most four per process."""
     for slot in range(_CALLBACK_SLOTS):
         if _callbacks[slot] is None:
             _callbacks[slot] = function
