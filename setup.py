@@ -27,7 +27,6 @@ import platform
 import re
 import shutil
 import sys
-import sysconfig
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -79,6 +78,13 @@ CIMPORTS = {name: _cimports(name) for name in COMPILED}
 #       does) instead of reading through NULL, so no value Python code can hand in or leave behind
 #       (a tensor whose private `_storage` was cleared) makes compiled code crash; one compare per
 #       typed access.
+#   freethreading_compatible=True: on free-threaded CPython each module declares that it runs
+#       without the GIL (Py_mod_gil), so importing tensorbridge does not turn the GIL back on. It is
+#       true of every module: their shared tables are dictionaries and lists (each operation atomic
+#       on either interpreter) or take a lock (`_exports`' reap, `_shared`'s segments); the C
+#       globals of `_capi_c` are written once, while the module is imported; and a tensor's fields
+#       are written only while it is built (the tests under tests/test_free_threading.py run many
+#       threads over each of them). It has no effect on an interpreter with a GIL.
 DIRECTIVES = {
     "language_level": 3,
     "infer_types": False,
@@ -86,6 +92,7 @@ DIRECTIVES = {
     "binding": True,
     "embedsignature": True,
     "nonecheck": True,
+    "freethreading_compatible": True,
 }
 # Per-module additions to DIRECTIVES (none needed so far).
 MODULE_DIRECTIVES: dict[str, dict[str, object]] = {}
@@ -99,8 +106,6 @@ def _disabled_reason(editable: bool) -> str | None:
         return f"{DISABLE_VARIABLE} was set when the package was built"
     if platform.python_implementation() != "CPython":
         return f"{platform.python_implementation()} is not CPython"
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return "free-threaded CPython (not tested with the compiled build)"
     return None
 
 

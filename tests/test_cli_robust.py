@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import types
 from pathlib import Path
@@ -285,6 +286,9 @@ def test_numpy_consumer_entry_points_in_order():
     assert names == ["np.from_dlpack", "np.frombuffer", "np.asarray"]
 
 
+_MIMALLOC = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
 @pytest.mark.parametrize("aligned", [True, False])
 def test_doctor_allocates_at_the_alignment_it_asks_for(aligned):
     """Producer memory is 64-byte aligned (or, asked, not); only always-aligned sides refuse."""
@@ -297,6 +301,10 @@ def test_doctor_allocates_at_the_alignment_it_asks_for(aligned):
         raw = sides.pattern(getattr(tb, dtype))
         for _ in range(5):
             x = ex._make(side, dtype, raw, "cpu", aligned)
+            if x is None and aligned and _MIMALLOC and not side.fixed_alignment:
+                # Free-threaded CPython allocates with mimalloc, whose size classes put every small
+                # object of one size at one offset from 64 bytes: the doctor then says so.
+                break
             if x is None:  # only producers whose memory is always aligned refuse to misalign
                 assert not aligned and side.fixed_alignment % 64 == 0, side.key
                 break

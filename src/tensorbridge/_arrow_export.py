@@ -35,6 +35,7 @@ import ctypes
 import json
 import math
 import sys
+import threading
 from typing import Any, Final
 
 from . import _capi, _exports, _layout, _memory
@@ -59,7 +60,10 @@ _LIST_SIZE_MAX: Final = 2**31 - 1  # Arrow's fixed-size list size is an int32
 _CHILD_NAME: Final = b"item"  # the child field name pyarrow gives list types
 
 # How many schemas and arrays (base structs and children) have been released: for tests and doctor.
+# Consumers release on any thread at once, and `+=` on a list item is a read and a write: the lock
+# keeps every count, with or without the GIL.
 _RELEASED: Final = [0, 0]
+_RELEASED_LOCK: Final = threading.Lock()
 
 
 def release_counts() -> dict[str, int]:
@@ -85,6 +89,7 @@ def _release_function(struct_type: type[ctypes.Structure], slot: int) -> Any:
         _struct: Any = struct_type,
         _forget: Any = _exports.forget_managed,
         _released: list[int] = _RELEASED,
+        _lock: Any = _RELEASED_LOCK,
         _slot: int = slot,
     ) -> None:
         if not address:
@@ -92,16 +97,18 @@ def _release_function(struct_type: type[ctypes.Structure], slot: int) -> Any:
         struct = _struct.from_address(address)
         if not struct.release:
             return  # already released: never twice
+        released = 1
         for i in range(struct.n_children):
             child = struct.children[i][0]
             if child.release:
                 child.release = None
                 _forget(child.private_data)
-                _released[_slot] += 1
+                released += 1
         key = struct.private_data
         struct.release = None
         _forget(key)  # may free the exported memory: last
-        _released[_slot] += 1
+        with _lock:
+            _released[_slot] += released
 
     return release
 

@@ -36,9 +36,7 @@ or enough pending capsules to settle, after every full collection, and at exit.
 from __future__ import annotations
 
 import atexit
-import functools
 import gc
-import itertools
 import sys
 import threading
 import weakref
@@ -56,11 +54,12 @@ __all__ = [
     "reap",
 ]
 
-# token -> (inner view, what keeps its memory valid, weak reference to the handed-out view)
+# token -> (inner view, what keeps its memory valid, weak reference to the handed-out view). The
+# token is the weak reference's id: unique among entries, since each entry holds its reference, and
+# the callback is handed that reference (no partial per view).
 _VIEWS: Final[dict[int, tuple[memoryview, object, object]]] = {}
 # tokens of views whose handed-out view died while a slice of it still exported the inner view
 _ORPHANS: Final[dict[int, None]] = {}
-_TOKENS: Final = itertools.count()
 
 # address of a managed struct -> (the block holding it, what keeps the memory valid, capsule name)
 _MANAGED: Final[dict[int, tuple[object, object, bytes]]] = {}
@@ -82,13 +81,12 @@ def hold_view(inner: memoryview, keep: object, outer: memoryview) -> None:
     Call it once ``outer``, the export of ``inner`` handed to the user, exists: from then on
     ``inner`` cannot be released until the last view derived from ``outer`` dies.
     """
-    token = next(_TOKENS)
-    ref = weakref.ref(outer, functools.partial(_on_outer_death, token))
-    _VIEWS[token] = (inner, keep, ref)
+    ref = weakref.ref(outer, _on_outer_death)
+    _VIEWS[id(ref)] = (inner, keep, ref)
 
 
-def _on_outer_death(token: int, _ref: object) -> None:
-    _outer_died(token)
+def _on_outer_death(ref: object) -> None:
+    _outer_died(id(ref))
 
 
 def _outer_died(

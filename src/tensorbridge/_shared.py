@@ -67,17 +67,60 @@ _exit_hook_pid = 0
 _reducer_registered = False
 
 
+# Names unlinked while this thread was inside the resource tracker, still to be unregistered.
+_UNREGISTER: Final[list[str]] = []
+
+
+def _in_tracker() -> bool:
+    """Whether this thread is inside a call to multiprocessing's resource tracker.
+
+    A garbage collection may run inside one (a pickle registering its name) and free a storage
+    whose name it owns. The tracker refuses a call from there with a warning ("called
+    reentrantly"), on the interpreters that check (3.12.7+, 3.13+): its lock is held by this thread.
+    """
+    from multiprocessing import resource_tracker
+
+    lock = getattr(getattr(resource_tracker, "_resource_tracker", None), "_lock", None)
+    held = getattr(lock, "_recursion_count", None)
+    return held is not None and held() > 0
+
+
+def _flush_unregister() -> None:
+    """Tell the resource tracker about the names `_unlink` unlinked from inside it."""
+    from multiprocessing import resource_tracker
+
+    while _UNREGISTER:
+        try:
+            name = _UNREGISTER.pop()
+        except IndexError:  # another thread took the last one
+            return
+        resource_tracker.unregister(name, "shared_memory")
+
+
 def _unlink(name: str) -> None:
     shm = _OWNED.pop(name, None)
-    if shm is not None:
-        with contextlib.suppress(OSError):  # already unlinked (by hand, or by a resource tracker)
-            shm.unlink()  # and unregistered from the resource tracker
+    if shm is None:
+        return
+    from multiprocessing import shared_memory
+
+    posix: Any = getattr(shared_memory, "_posixshmem", None)  # None on Windows
+    if posix is not None and _in_tracker():
+        # Inside the tracker (a collection during a call to it): the name goes now; the tracker
+        # hears of it from the next call outside, or at exit.
+        with contextlib.suppress(OSError):
+            posix.shm_unlink("/" + shm.name)  # POSIX names carry the slash `name` leaves out
+            _UNREGISTER.append("/" + shm.name)
+        return
+    _flush_unregister()
+    with contextlib.suppress(OSError):  # already unlinked (by hand, or by a resource tracker)
+        shm.unlink()  # and unregistered from the resource tracker
 
 
 def _unlink_owned() -> None:
     # Mappings stay valid until the process ends; only the names go, so none outlives its owner.
     for name in list(_OWNED):
         _unlink(name)
+    _flush_unregister()
 
 
 def _own(shm: SharedMemory) -> None:
@@ -260,6 +303,7 @@ def _name_for_receiver(block: _SharedBlock) -> str:
         break
     # The pickle's name, until a receiver takes it over; the tracker unlinks it if none does.
     resource_tracker.register("/" + name, "shared_memory")
+    _flush_unregister()  # what a collection inside that call unlinked
     return name
 
 
