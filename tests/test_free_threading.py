@@ -22,6 +22,7 @@ interpreter: on one with a GIL it is a shorter thread test, without one it runs 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -324,6 +325,9 @@ def stress(seconds: float = SECONDS, workers: int = WORKERS) -> dict[str, Any]:
     }
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("numpy") is None, reason="the stress shares NumPy arrays"
+)
 def test_many_threads_share_every_table_without_losing_or_doubling_anything(
     subprocess_run: Any,
 ) -> None:
