@@ -74,14 +74,17 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     with any globals (no ``__name__``, a ``__loader__`` that cannot give source). Nothing asks the
     frame's loader for its source, which such loaders refuse. With no frame outside the package
     (a thread that runs tensorbridge alone), the innermost frame is named; with no Python frame at
-    all (compiled code in a thread started from C), Python names ``sys``.
+    all (compiled code in a thread started from C), it is named ``sys``, as Python names it.
     """
     # The walk starts here, in the function that calls warnings.warn (a helper would add a frame
     # in one build only): sys._getframe() is the frame warnings.warn counts as level 1.
     try:
         frame: FrameType | None = sys._getframe()
     except ValueError:  # no Python frame at all: compiled code in a thread started from C
-        frame = None
+        # Named as Python names a frameless caller, without asking for a frame: `warnings.warn`
+        # called there from compiled code fails on 3.15 (AttributeError on a missing code object).
+        warnings.warn_explicit(message, category, "sys", 1, "sys")
+        return
     level = 1
     while frame is not None and _in_package(frame.f_code.co_filename):
         frame = frame.f_back
