@@ -78,18 +78,28 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     """
     # The walk starts here, in the function that calls warnings.warn (a helper would add a frame
     # in one build only): sys._getframe() is the frame warnings.warn counts as level 1.
+    frame: FrameType | None
     try:
-        frame: FrameType | None = sys._getframe()
+        frame = sys._getframe()
     except ValueError:  # no Python frame at all: compiled code in a thread started from C
-        # Named as Python names a frameless caller, without asking for a frame: `warnings.warn`
-        # called there from compiled code fails on 3.15 (AttributeError on a missing code object).
-        warnings.warn_explicit(message, category, "sys", 1, "sys")
-        return
+        frame = None
+        named = False
+    else:
+        named = True
     level = 1
-    while frame is not None and _in_package(frame.f_code.co_filename):
+    while frame is not None and _has_code(frame) and _in_package(frame.f_code.co_filename):
         frame = frame.f_back
         level += 1
+    if not named or (frame is not None and not _has_code(frame)):
+        # No frame to name (3.15 gives compiled code in a thread started from C a frame with no
+        # code, which `warnings.warn` cannot read either): named as Python names a frameless caller.
+        warnings.warn_explicit(message, category, "sys", 1, "sys")
+        return
     warnings.warn(message, category, stacklevel=1 if frame is None else level)
+
+
+def _has_code(frame: FrameType) -> bool:
+    return getattr(frame, "f_code", None) is not None
 
 
 def _in_package(filename: str) -> bool:
