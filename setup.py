@@ -43,18 +43,22 @@ DISABLE_VARIABLE = "TENSORBRIDGE_NO_EXTENSIONS"
 #   __init__        routes imports to the .py files when TENSORBRIDGE_NO_EXTENSIONS is set at
 #                   import time, so it runs before any compiled module loads;
 #   __main__        runs once: nothing to gain;
-#   _build          imported by __init__ before that routing; it reports on the others.
+#   _build          imported by __init__ before that routing; it reports on the others;
+#   _native_py      the native layer's pure-Python twin: the compiled build runs `_native_c`.
 # cli/, utils/, testing.py and safetensors.py stay pure Python (not on any per-call path).
 NOT_COMPILED = {
     "__init__",
     "__main__",
     "_build",
+    "_native_py",
 }
 COMPILED = sorted(p.stem for p in SOURCE.glob("_*.py") if p.stem not in NOT_COMPILED)
-# Modules that exist only compiled: `_capi_c` makes `_capi`'s C-API calls directly (the capsule
-# calls, the DLPack deleter call, a held Py_buffer, a capsule destructor that keeps a pending
-# exception); `_capi` falls back to ctypes without it.
-C_API_MODULES = sorted(p.stem for p in SOURCE.glob("_*.pyx"))
+# The native layer's compiled twin, `_native_c.pyx` (`_native` chooses it over `_native_py`): the
+# only module that exists only compiled. It declares DLPack's structs from include/dlpack/dlpack.h.
+# Every other compiled module is built over it, so none ships compiled without it (the pure twin
+# allocates a tensor as `object.__new__` does, which a compiled `TensorFields` refuses).
+NATIVE = "_native_c"
+INCLUDE = ["include"]
 
 
 def _cimports(name: str) -> set[str]:
@@ -82,7 +86,7 @@ CIMPORTS = {name: _cimports(name) for name in COMPILED}
 #       without the GIL (Py_mod_gil), so importing tensorbridge does not turn the GIL back on. It is
 #       true of every module: their shared tables are dictionaries and lists (each operation atomic
 #       on either interpreter) or take a lock (`_exports`' reap, `_shared`'s segments); the C
-#       globals of `_capi_c` are written once, while the module is imported; and a tensor's fields
+#       globals of `_native_c` are written once, while the module is imported; and a tensor's fields
 #       are written only while it is built (the tests under tests/test_free_threading.py run many
 #       threads over each of them). It has no effect on an interpreter with a GIL.
 DIRECTIVES = {
@@ -204,6 +208,14 @@ class BuildExt(build_ext):
         """Ship as .py every compiled module that cimports one shipped as .py (transitively)."""
         uncompiled = set(getattr(self, "untranslated", {}))
         uncompiled.update(name.rpartition(".")[2] for name in self.failed)
+        if NATIVE in uncompiled:  # nothing is built over a native layer that was not built
+            for ext in self.extensions:
+                name = ext.name.rpartition(".")[2]
+                if name not in uncompiled:
+                    self.failed[ext.name] = f"{NATIVE} is shipped uncompiled"
+                    _warn(f"{ext.name} is shipped uncompiled: {self.failed[ext.name]}")
+                    Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
+            return
         changed = True
         while changed:
             changed = False
@@ -254,6 +266,6 @@ setup(
     ext_modules=[]
     if _disabled_reason(editable=False) is not None
     else [Extension(f"{PACKAGE}.{name}", [str(SOURCE / f"{name}.py")]) for name in COMPILED]
-    + [Extension(f"{PACKAGE}.{name}", [str(SOURCE / f"{name}.pyx")]) for name in C_API_MODULES],
+    + [Extension(f"{PACKAGE}.{NATIVE}", [str(SOURCE / f"{NATIVE}.pyx")], include_dirs=INCLUDE)],
     cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
 )

@@ -24,6 +24,14 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+def native_twins() -> list[Any]:
+    """The twins of the native layer that can run here: `_native_py` always, and `_native_c`
+    where the compiled build is installed and not switched off."""
+    from tensorbridge import _native, _native_py
+
+    return [_native_py] if _native.twin is _native_py else [_native_py, _native.twin]
+
+
 def run_in_subprocess(
     code: str, timeout: float = 120.0, env: dict[str, str] | None = None, cwd: object = None
 ) -> subprocess.CompletedProcess[str]:

@@ -993,13 +993,12 @@ def test_both_buffer_readers_read_the_same_fields(make, expected):
     pure-Python build reads from the ctypes ``Py_buffer``."""
     from tensorbridge import _capi
 
+    from .conftest import native_twins
+
     obj = make()
-    readers = [(_capi._acquire_buffer, _capi._describe_buffer)]
-    if _capi._direct is not None:  # the compiled build
-        readers.append((_capi._direct.acquire_buffer, _capi._direct.describe_buffer))
-    for acquire_buffer, describe_buffer in readers:
-        view, buf, length, readonly = acquire_buffer(obj, _capi.PY_BUF_FULL_RO)
-        assert describe_buffer(view) == (buf, length, *expected)
+    for twin in native_twins():
+        view, buf, length, readonly = twin.acquire_buffer(obj, _capi.PY_BUF_FULL_RO)
+        assert twin.describe_buffer(view) == (buf, length, *expected)
         assert buf == (view.buf or 0) and length == view.len and readonly is bool(view.readonly)
         if length:
             assert buf != 0

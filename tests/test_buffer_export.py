@@ -17,7 +17,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _capi, _exports
+from tensorbridge import _capi, _exports, _storage
 from tensorbridge._device import Device
 from tensorbridge._storage import Storage
 from tensorbridge._tensor import Tensor
@@ -380,7 +380,7 @@ class _Refusing:
 @pytest.mark.parametrize("error", [BufferError("no"), ValueError("no"), TypeError("no")])
 def test_a_failed_buffer_request_is_no_buffer_to_a_probe(error):
     assert _capi.PyObject_CheckBuffer(_Refusing(error)) == 1  # the type implements the protocol
-    assert _capi.offers_buffer(_Refusing(error)) is False
+    assert _storage.offers_buffer(_Refusing(error)) is False
 
 
 @needs_pep688
@@ -388,14 +388,14 @@ def test_a_probe_of_a_bfloat16_tensor_says_memoryview_gets_no_buffer():
     t = tb.zeros(4, dtype=tb.bfloat16)
     with pytest.raises(BufferError, match="format"):
         memoryview(t)
-    assert _capi.offers_buffer(t) is False
-    assert _capi.offers_buffer(t, _capi.PY_BUF_SIMPLE) is True  # the raw bytes, no format
-    assert _capi.offers_buffer(tb.zeros(4, dtype=tb.float32)) is True
+    assert _storage.offers_buffer(t) is False
+    assert _storage.offers_buffer(t, _capi.PY_BUF_SIMPLE) is True  # the raw bytes, no format
+    assert _storage.offers_buffer(tb.zeros(4, dtype=tb.float32)) is True
 
 
 def test_a_probe_holds_no_export():
     data = bytearray(8)
-    assert _capi.offers_buffer(data) is True
+    assert _storage.offers_buffer(data) is True
     data.extend(b"x")  # BufferError while an export is held
-    assert _capi.offers_buffer(object()) is False
-    assert _capi.offers_buffer(b"", _capi.PY_BUF_WRITABLE) is False  # bytes refuse writes
+    assert _storage.offers_buffer(object()) is False
+    assert _storage.offers_buffer(b"", _capi.PY_BUF_WRITABLE) is False  # bytes refuse writes

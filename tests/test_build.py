@@ -23,10 +23,10 @@ _EXT = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 _REPORT = """
 import importlib, json, os, pkgutil, sys
 import tensorbridge as tb
-from tensorbridge import _capi
+from tensorbridge import _native
 names = [m.name for m in pkgutil.iter_modules(tb.__path__) if m.name.startswith("_")]
 for name in names:
-    # Modules that exist only compiled (_capi_c) have no .py file to fall back to.
+    # The module that exists only compiled (_native_c) has no .py file to fall back to.
     if name != "__main__" and os.path.exists(os.path.join(tb.__path__[0], name + ".py")):
         importlib.import_module("tensorbridge." + name)
 info = tb.build_info()
@@ -34,7 +34,7 @@ files = {n.rpartition(".")[2]: m.__file__ for n, m in sys.modules.items()
          if n.startswith("tensorbridge.") and getattr(m, "__file__", None)}
 print("RESULT " + json.dumps({"kind": info.kind, "modules": list(info.modules),
                               "cython": info.cython, "reason": info.reason, "files": files,
-                              "direct_capi": _capi._direct is not None}))
+                              "native_compiled": _native.COMPILED}))
 """
 
 
@@ -58,7 +58,7 @@ def test_build_info_names_exactly_the_loaded_extension_modules():
     assert report["kind"] == ("compiled" if compiled else "pure-python")
     assert (report["cython"] is not None) == bool(compiled)
     assert set(compiled) == set(_recorded())  # every module the build compiled is the one loaded
-    assert report["direct_capi"] == ("_capi_c" in compiled)  # compiled: the C-API calls are direct
+    assert report["native_compiled"] == ("_native_c" in compiled)  # the native layer's twin
 
 
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: set on classes made by a class statement, not on C types
@@ -92,6 +92,7 @@ def test_a_compiled_module_runs_with_every_module_it_cimports_compiled():
     build ships it compiled only if the other is compiled too."""
     package = Path(tb.__file__).parent
     compiled = set(tb.build_info().modules)
+    assert not compiled or "_native_c" in compiled  # every compiled module is built over it
     for name in compiled:
         pxd = package / f"{name}.pxd"
         if not pxd.is_file():
@@ -110,7 +111,7 @@ def test_no_extensions_variable_runs_every_module_from_source(value):
     assert report["modules"] == []
     assert report["cython"] is None
     assert all(f.endswith((".py", ".pyc")) for f in report["files"].values()), report["files"]
-    assert not report["direct_capi"]  # the C-API calls go through ctypes
+    assert not report["native_compiled"]  # the native layer is `_native_py`: ctypes and struct
     if _recorded():
         assert report["reason"] == "TENSORBRIDGE_NO_EXTENSIONS is set"
 

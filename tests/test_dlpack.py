@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _capi, _cuda, _dlpack, _dlpack_c, _dlpack_export, _exports
+from tensorbridge import _cuda, _dlpack, _dlpack_c, _dlpack_export, _exports, _native, _native_py
 from tensorbridge._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -21,6 +21,8 @@ from tensorbridge._dlpack_abi import (
 )
 from tensorbridge._dtype import ALL_DTYPES
 from tensorbridge._tensor import _from_bytes
+
+from .conftest import native_twins
 
 _get_name = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
     ("PyCapsule_GetName", ctypes.pythonapi)
@@ -84,12 +86,12 @@ class Producer:
 
 
 # ----------------------------------------------------------------------------------- the C layout
-def test_struct_formats_match_the_ctypes_mirrors():
-    """The struct formats used to read capsules have the size of the dlpack.h mirrors."""
+def test_struct_formats_match_the_ctypes_declaration():
+    """The struct formats used to read capsules have the size of the ctypes declaration."""
     assert _dlpack_c.VERSIONED.size == ctypes.sizeof(DLManagedTensorVersioned) == 80
     assert _dlpack_c.LEGACY.size == ctypes.sizeof(DLManagedTensor) == 64
-    assert _dlpack_export._block_layout(True, 3)[2] == 80
-    assert _dlpack_export._block_layout(False, 3)[2] == 64
+    assert _native_py._block_layout(True, 3)[2] == 80
+    assert _native_py._block_layout(False, 3)[2] == 64
 
 
 def test_export_writes_one_block_with_shape_and_strides():
@@ -144,9 +146,7 @@ def test_both_managed_struct_writers_write_the_same_struct(versioned, shape, str
         (255, 255, 65535),
         2**64 - 1,
     )
-    writers = [_dlpack_export._pack_managed]
-    if _capi.new_managed is not None:  # the compiled build
-        writers.append(_capi.new_managed)
+    writers = [twin.new_managed for twin in native_twins()]
     written = {_written(versioned, w(*fields, shape, strides), len(shape)) for w in writers}
     assert len(written) == 1
     raw = bytearray(written.pop())
@@ -176,9 +176,7 @@ def test_both_managed_struct_readers_read_what_dlpack_h_puts_there():
     """The compiled build loads a producer's struct, shape and strides from C; the pure-Python
     build unpacks them with `struct`. Both read every field where dlpack.h puts it, at an address
     of any alignment, and leave an address outside the readable range to `read`."""
-    readers = [(_dlpack_c._unpack_versioned, _dlpack_c._unpack_dims)]
-    if _capi.read_versioned is not None:  # the compiled build
-        readers.append((_capi.read_versioned, _capi.read_dims))
+    readers = [(twin.read_versioned, twin.read_dims) for twin in native_twins()]
     assert (_dlpack_c.read_versioned, _dlpack_c.read_dims) == readers[-1]
     raw = (ctypes.c_char * (ctypes.sizeof(DLManagedTensorVersioned) + 1 + 7 * 8))()
     address = ctypes.addressof(raw) + 1  # odd: no field is aligned
@@ -491,7 +489,7 @@ def test_every_exception_class_a_user_can_meet_is_public():
     for info in pkgutil.iter_modules(tb.__path__):
         if info.name in ("_doctor", "_cli", "__main__"):
             continue
-        if info.name == "_capi_c" and _capi._direct is None:
+        if info.name == "_native_c" and not _native.COMPILED:
             continue  # compiled only, and not loaded with TENSORBRIDGE_NO_EXTENSIONS=1
         module = importlib.import_module(f"tensorbridge.{info.name}")
         for value in vars(module).values():

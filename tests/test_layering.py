@@ -171,8 +171,8 @@ def test_modules_below_tensor_do_not_import_it():
     below = [
         "_args", "_arrow_abi", "_arrow_export", "_buffer_export", "_cache", "_capi", "_codec", "_cuda",
         "_device", "_dlpack_abi", "_dlpack_c", "_dlpack_export", "_dtype", "_errors", "_exports", "_fields",
-        "_format", "_indexing", "_interface_export", "_layout", "_memory", "_peers", "_pickle",
-        "_shared", "_storage",
+        "_format", "_indexing", "_interface_export", "_layout", "_memory", "_native", "_native_py", "_peers",
+        "_pickle", "_shared", "_storage",
     ]  # fmt: skip
     for name in below:
         assert not reaches(f"{NAME}.{name}", f"{NAME}._tensor"), name

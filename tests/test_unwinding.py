@@ -5,7 +5,7 @@ temporary in a failing expression (``np.from_dlpack(t).no_such_name``) is freed 
 with the ``AttributeError`` already set. The consumer then calls tensorbridge's DLPack deleter (or
 the release callback of an Arrow struct) with the error indicator set. NumPy's and PyTorch's own
 deleters set that exception aside and put it back; tensorbridge's do the same in the compiled
-build, where they are C functions (`_capi.void_callback`). Written in Python (the pure-Python
+build, where they are C functions (`_native.void_callback`). Written in Python (the pure-Python
 build, a ctypes callback), a callback can neither run with the exception set nor set it again: it
 takes the exception out first, so the export is released all the same, and reports it as
 unraisable (Python 3.12+); the consumer's caller gets ``SystemError``. Both builds must release.

@@ -38,7 +38,7 @@ import sys
 import threading
 from typing import Any, Final
 
-from . import _capi, _exports, _layout, _memory
+from . import _capi, _exports, _layout, _memory, _native
 from ._arrow_abi import (
     ARROW_ARRAY,
     ARROW_BOOL,
@@ -79,7 +79,7 @@ def _release_function(struct_type: type[ctypes.Structure], slot: int) -> Any:
     """The release callback for ``struct_type``: children first, then the struct itself.
 
     A consumer may call it on any thread, and while its own exception is pending: it reaches C
-    through `_capi.void_callback`, which keeps that exception where the build allows (a struct
+    through `_native.void_callback`, which keeps that exception where the build allows (a struct
     left unreleased makes Arrow abort the process, so the release itself always runs). What the
     body calls is bound as defaults: it may run while module globals are being cleared.
     """
@@ -116,8 +116,8 @@ def _release_function(struct_type: type[ctypes.Structure], slot: int) -> Any:
 _release_schema = _release_function(ArrowSchema, 0)
 _release_array = _release_function(ArrowArray, 1)
 # The addresses consumers call (held for the life of the process).
-_SCHEMA_RELEASE: Final = _capi.void_callback(_release_schema)
-_ARRAY_RELEASE: Final = _capi.void_callback(_release_array)
+_SCHEMA_RELEASE: Final = _native.void_callback(_release_schema)
+_ARRAY_RELEASE: Final = _native.void_callback(_release_array)
 
 
 class _Unconsumed:
@@ -272,7 +272,7 @@ def _new_schema(shape: tuple[int, ...], value_format: bytes, extension: bool, ke
     _exports.hold_managed(block.base.private_data, block, entry, ARROW_SCHEMA)
     if block.base.n_children:
         _exports.hold_managed(block.child.private_data, block, entry, ARROW_SCHEMA)
-    capsule = _capi.PyCapsule_New(address, ARROW_SCHEMA, None)
+    capsule = _native.capsule_new(address, ARROW_SCHEMA, None)
     guard = _Unconsumed(address, block, _release_schema)
     _exports.hold_capsule(address, block, guard, ARROW_SCHEMA, capsule)
     return capsule
@@ -355,7 +355,7 @@ def _requested(
     """
     if requested_schema is None:
         return True
-    if not isinstance(requested_schema, _capi.CapsuleType) or not _capi.PyCapsule_IsValid(
+    if not isinstance(requested_schema, _capi.CapsuleType) or not _native.capsule_is_valid(
         requested_schema, ARROW_SCHEMA
     ):
         msg = (
@@ -363,7 +363,7 @@ def _requested(
             f"{short_repr(requested_schema)}. Pass the capsule of type.__arrow_c_schema__()."
         )
         raise TypeError(msg)
-    schema = ArrowSchema.from_address(_capi.PyCapsule_GetPointer(requested_schema, ARROW_SCHEMA))
+    schema = ArrowSchema.from_address(_native.capsule_pointer(requested_schema, ARROW_SCHEMA))
     if not schema.release:
         msg = f"{api}(): requested_schema holds a released ArrowSchema; pass a fresh capsule."
         raise ValueError(msg)
@@ -470,7 +470,7 @@ def _new_array(shape: tuple[int, ...], data: int, keep: object) -> Any:
     _exports.hold_managed(base.private_data, block, keep, ARROW_ARRAY)
     if base.n_children:
         _exports.hold_managed(child.private_data, block, keep, ARROW_ARRAY)
-    capsule = _capi.PyCapsule_New(address, ARROW_ARRAY, None)
+    capsule = _native.capsule_new(address, ARROW_ARRAY, None)
     guard = _Unconsumed(address, block, _release_array)
     _exports.hold_capsule(address, block, guard, ARROW_ARRAY, capsule)
     return capsule

@@ -18,11 +18,12 @@ from typing import Any, Final
 
 from . import _capi, _layout
 from ._args import GRAD_MSG_CREATE, as_bool, as_int
-from ._capi import PY_BUF_FULL_RO, describe_buffer
+from ._capi import PY_BUF_FULL_RO
 from ._device import CPU
 from ._dtype import DType, as_dtype, from_format, uint8
 from ._errors import release_frames
 from ._interfaces import memory_refused
+from ._native import describe_buffer
 from ._storage import (
     READONLY_REQUEST,
     WRITABLE_REQUEST,

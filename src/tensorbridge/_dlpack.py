@@ -37,10 +37,9 @@ import struct
 import sys
 from typing import Any, Final
 
-from . import _capi
+from . import _capi, _native
 from ._args import GRAD_MSG_EXPORT, as_copy
 from ._cache import remember
-from ._capi import PyCapsule_GetPointer, PyCapsule_SetName
 from ._device import ADDRESSABLE_TYPES, CPU, HOST_TYPES, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -65,6 +64,7 @@ from ._dlpack_c import (
 from ._dlpack_export import _export
 from ._errors import NotDLPackError, release_frames, short_repr
 from ._layout import MAX_NDIM, contiguous_strides
+from ._native import capsule_pointer, capsule_set_name
 from ._storage import Storage, locate, own_managed, refusal_of, refused
 from ._tensor import Tensor, _construct
 
@@ -177,7 +177,7 @@ def _from_dlpack(ext_tensor: Any) -> Tensor:
         ext_tensor = None
         raise
     # `_commit`, inlined on the hot path: rename, then arm the storage.
-    PyCapsule_SetName(ext_tensor, used_name)
+    capsule_set_name(ext_tensor, used_name)
     if deleter:
         storage: Any = t._storage  # a DLPackStorage
         storage.deleter = _deleter_of(deleter) or _deleter_function(deleter)  # cache hit inline
@@ -473,7 +473,7 @@ def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
     if type(capsule) is not _CapsuleType:
         raise _not_a_producer(capsule)
     try:
-        managed = PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED)
+        managed = capsule_pointer(capsule, DLTENSOR_VERSIONED)
     except ValueError:
         managed = _legacy_pointer(capsule)
         data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset, _ctx, deleter = (
@@ -496,7 +496,7 @@ def _commit(capsule: Any, storage: Any, used_name: bytes, deleter: int) -> None:
     Nothing that can fail comes after the rename, so the deleter runs exactly once: by the capsule's
     destructor if this never happens, by the storage otherwise.
     """
-    PyCapsule_SetName(capsule, used_name)
+    capsule_set_name(capsule, used_name)
     _arm(storage, deleter)
 
 
@@ -519,7 +519,7 @@ def _release_unowned(managed: int) -> None:
 def _deleter_function(address: int) -> Any:
     """The ctypes function that calls the producer's deleter at ``address`` (made once)."""
     fn = _deleter_of(address)
-    return fn if fn is not None else remember(_DELETERS, address, _capi.VoidFunction(address))
+    return fn if fn is not None else remember(_DELETERS, address, _native.VoidFunction(address))
 
 
 def _versioned(managed: int) -> tuple[Tensor, int]:
@@ -672,7 +672,7 @@ def _handle_offset(byte_offset: int, itemsize: int, device: Device) -> BufferErr
 def _legacy_pointer(capsule: Any) -> int:
     """The managed pointer of a ``"dltensor"`` capsule, or the error that its name calls for."""
     try:
-        managed: int = PyCapsule_GetPointer(capsule, DLTENSOR)
+        managed: int = capsule_pointer(capsule, DLTENSOR)
     except ValueError:
         pass
     else:

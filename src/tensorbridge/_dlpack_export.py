@@ -3,13 +3,13 @@
 This module sits below `Tensor`: it reads a tensor's storage, offset, shape, strides and dtype and
 never builds one (a copy it needs comes from the tensor's own methods).
 
-Export writes one block holding the managed struct, the shape and the strides (from C in the
-compiled build, `_capi.new_managed`; packed with `struct` into a ctypes array otherwise), wraps it in
+Export writes one block holding the managed struct, the shape and the strides (`_native.new_managed`:
+from C in the compiled build, packed with `struct` into a ctypes array otherwise), wraps it in
 a capsule, and keeps the block and the exported tensor in the export registry (`_exports`) until the
 consumer calls our deleter. A capsule no consumer takes (still under its own name when it dies)
 is released as its deleter would release it:
 
-* **Compiled build:** the capsule's destructor is C (`_capi_c`): it sets any pending exception
+* **Compiled build:** the capsule's destructor is C (`_native_c`): it sets any pending exception
   aside, releases the export at once, and puts the exception back, so a consumer that refuses the
   capsule keeps its own error.
 * **Pure-Python build:** the capsule has **no destructor**: one written in Python would run while
@@ -39,14 +39,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import struct
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _capi, _cuda, _exports
+from . import _capi, _cuda, _exports, _native
 from ._args import GRAD_MSG_EXPORT, as_copy
-from ._capi import PyCapsule_New
 from ._device import ADDRESSABLE_TYPES, CPU, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -68,8 +65,6 @@ __all__ = ["dlpack_export", "exchange_export", "has_negative_stride"]
 _kDLCPU: Final = int(DLDeviceType.kDLCPU)
 _kDLCUDA: Final = int(DLDeviceType.kDLCUDA)
 _kDLROCM: Final = int(DLDeviceType.kDLROCM)
-# DLTensor as written on export (the dtype spelled out).
-_DLTENSOR_WRITE: Final = "PiiiBBHPPQ"
 
 
 def _release_export(
@@ -79,7 +74,7 @@ def _release_export(
 ) -> None:
     """What the ``deleter`` of every managed tensor tensorbridge exports does: forget the export.
 
-    It reaches C through `_capi.void_callback`: any thread takes the GIL, and a consumer's pending
+    It reaches C through `_native.void_callback`: any thread takes the GIL, and a consumer's pending
     exception is kept where the build allows. What it needs is bound as defaults, so it works while
     module globals are being cleared; once the interpreter is finalising it does nothing (leak,
     never crash).
@@ -88,12 +83,12 @@ def _release_export(
         _forget(address)
 
 
-_DELETER_ADDRESS: Final = _capi.void_callback(_release_export)
+_DELETER_ADDRESS: Final = _native.void_callback(_release_export)
 
 # The compiled build gives every capsule a C destructor that releases the export of one no consumer
 # took, at once, as the deleter would (`_exports.forget_unwatched`): the registry then holds the
 # export but need not watch the capsule. Without it (None), `_exports` watches each capsule.
-_CAPSULE_DESTRUCTOR: Final = _capi.dlpack_capsule_destructor(_exports.forget_unwatched)
+_CAPSULE_DESTRUCTOR: Final = _native.dlpack_capsule_destructor(_exports.forget_unwatched)
 
 
 def dlpack_export(t: Tensor, stream: Any, max_version: Any, dl_device: Any, copy: Any) -> Any:
@@ -286,74 +281,15 @@ def _export_copy(t: Tensor, copy: bool | None, api: str) -> Tensor:
     return t.clone()
 
 
-# The block written for one export, per (versioned, ndim): its struct format (managed struct, then
-# shape[ndim] and strides[ndim]), the ctypes array type that holds it, and where shape starts.
-_BLOCKS: dict[tuple[bool, int], tuple[struct.Struct, Any, int]] = {}
-
-
-def _block_layout(versioned: bool, ndim: int) -> tuple[struct.Struct, Any, int]:
-    layout = _BLOCKS.get((versioned, ndim))
-    if layout is None:
-        header = "IIPPQ" + _DLTENSOR_WRITE if versioned else _DLTENSOR_WRITE + "PP"
-        shape_at = struct.calcsize("@" + header + "0q")
-        fmt = struct.Struct(f"@{header}0q{ndim}q{ndim}q")
-        layout = _BLOCKS[versioned, ndim] = (fmt, ctypes.c_char * fmt.size, shape_at)
-    return layout
-
-
-def _pack_managed(
-    versioned: bool,
-    version: tuple[int, int],
-    deleter: int,
-    flags: int,
-    data: int,
-    device: tuple[int, int],
-    dtype: tuple[int, int, int],
-    byte_offset: int,
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-) -> tuple[int, Any]:
-    """A ``DLManagedTensor(Versioned)`` with these fields (a legacy struct has no version or
-    flags; ``device`` is ``(device_type, device_id)``, ``dtype`` ``(code, bits, lanes)``),
-    followed by its shape and strides, in one new ctypes block whose address is ``manager_ctx``;
-    returns ``(address, block)``. `OverflowError` for a value its field cannot hold. The compiled
-    build writes the same struct from C (`_capi.new_managed`)."""
-    ndim = len(shape)
-    fmt, block_type, shape_at = _BLOCKS.get((versioned, ndim)) or _block_layout(versioned, ndim)
-    block = block_type()
-    address: int = ctypes.addressof(block)
-    shape_p = address + shape_at
-    dltensor = (data, *device, ndim, *dtype, shape_p, shape_p + 8 * ndim)
-    try:
-        if versioned:
-            fmt.pack_into(
-                block,
-                0,
-                *version,
-                address,
-                deleter,
-                flags,
-                *dltensor,
-                byte_offset,
-                *shape,
-                *strides,
-            )
-        else:
-            fmt.pack_into(block, 0, *dltensor, byte_offset, address, deleter, *shape, *strides)
-    except struct.error as e:
-        raise OverflowError(str(e)) from None
-    return address, block
-
-
-# How the managed struct is written: from C in the compiled build, with `struct` otherwise.
-_write_managed: Final[Callable[..., tuple[int, Any]]] = _capi.new_managed or _pack_managed
+# How the managed struct is written: `_native.new_managed`, bound once.
+_write_managed: Final = _native.new_managed
 
 
 def _new_capsule(t: Tensor, storage: Storage, device: Device, versioned: bool, copied: bool) -> Any:
     """Write the managed struct, shape and strides into one block; wrap it; register both."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
     address, block = _new_managed(t, storage, device, versioned, copied)
-    capsule = PyCapsule_New(address, name, _CAPSULE_DESTRUCTOR)
+    capsule = _native.capsule_new(address, name, _CAPSULE_DESTRUCTOR)
     if _CAPSULE_DESTRUCTOR is None:
         hold_capsule(address, block, t, name, capsule)
     else:

@@ -42,7 +42,7 @@ import threading
 import weakref
 from typing import Any, Final
 
-from . import _capi
+from . import _native
 
 __all__ = [
     "counts",
@@ -192,7 +192,7 @@ def _settle() -> list[object]:
         if refs > _UNREFERENCED or _PENDING.get(address) is not capsule:
             continue  # someone holds the capsule, or it was settled meanwhile
         export = _MANAGED.get(address)
-        if export is not None and _capi.PyCapsule_IsValid(capsule, export[2]):
+        if export is not None and _native.capsule_is_valid(capsule, export[2]):
             # Still under its own name and unreachable: never consumed. Release it as its
             # deleter would.
             dropped.append(forget_managed(address))

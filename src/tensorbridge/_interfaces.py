@@ -27,7 +27,7 @@ import ctypes
 import sys
 from typing import Any, Final, NamedTuple
 
-from . import _capi, _cuda, _dtype, _layout
+from . import _capi, _cuda, _dtype, _layout, _native
 from ._args import as_int
 from ._arrow_abi import ARROW_ARRAY as _ARROW_ARRAY
 from ._arrow_abi import ARROW_ARRAY_STREAM as _ARROW_ARRAY_STREAM
@@ -579,10 +579,10 @@ def _arrow_tensor(
 
 
 def _capsule_pointer(capsule: object, name: bytes, api: str) -> int:
-    if not isinstance(capsule, _capi.CapsuleType) or not _capi.PyCapsule_IsValid(capsule, name):
+    if not isinstance(capsule, _capi.CapsuleType) or not _native.capsule_is_valid(capsule, name):
         msg = f"{api}(): expected a PyCapsule named {name.decode()!r} from the Arrow producer; got {short_repr(capsule)}."
         raise TypeError(msg)
-    return int(_capi.PyCapsule_GetPointer(capsule, name))
+    return int(_native.capsule_pointer(capsule, name))
 
 
 def import_arrow_array(method: Any, copy: bool | None, api: str) -> tuple[Tensor, bool]:

@@ -29,9 +29,9 @@ from math import prod
 from typing import Any, Final, NamedTuple
 
 from . import _capi
-from ._capi import acquire_buffer
 from ._device import CPU, Device
 from ._layout import extent
+from ._native import acquire_buffer
 
 __all__ = ["ALIGNMENT", "Storage", "allocate"]
 
@@ -421,6 +421,23 @@ def hold_buffer(obj: object, flags: int) -> tuple[BufferStorage, Any]:
     read the fields from. The export is released exactly once, when both are gone."""
     held = BufferStorage(obj, flags)
     return held, held.view
+
+
+def offers_buffer(obj: object, flags: int = _capi.PY_BUF_FULL_RO) -> bool:
+    """Whether a consumer asking ``obj`` for a buffer with ``flags`` gets one (the default is what
+    ``memoryview(obj)`` asks): the one answer every buffer probe gives.
+
+    A failed request means no, whatever it raised: ``TypeError`` (no buffer protocol),
+    ``BufferError`` (the exporter refused this request: from Python 3.12 a class's ``__buffer__``
+    may, as a bfloat16 `Tensor` refuses to name its format) or any other error of the exporter's,
+    as NumPy treats a failed request while it looks for an array. The buffer is released before
+    this returns.
+    """
+    try:
+        acquire_buffer(obj, flags)  # the held view it returns releases itself as it dies here
+    except Exception:
+        return False
+    return True
 
 
 class DLPackStorage(_SelfOwned):

@@ -9,7 +9,6 @@ never copies. Element access goes through the dtype's codec (`_codec`) and the o
 from __future__ import annotations
 
 import builtins
-import functools
 import itertools
 import math
 import pickle
@@ -19,7 +18,6 @@ from typing import Any
 from . import (
     _arrow_export,
     _buffer_export,
-    _capi,
     _codec,
     _dlpack_export,
     _dtype,
@@ -27,6 +25,7 @@ from . import (
     _interface_export,
     _layout,
     _memory,
+    _native,
     _peers,
     _pickle,
     _shared,
@@ -43,12 +42,11 @@ from ._storage import Storage, allocate, check_view
 
 __all__ = ["Tensor"]
 
-# `cls.__new__(cls)`, bound once (`_construct` runs on every import and view): with `_capi`'s C
-# functions, a direct call of the class's C allocator with no argument tuple to build or parse.
-# Without them, `TensorFields`' own (object's in pure Python; an extension type's has its own).
-_new_object = TensorFields.__new__ if _capi.new_object is object.__new__ else _capi.new_object
-# `Size(shape)` for a tuple ``shape``: compiled, allocated and filled in place by `_capi.new_tuple`.
-_new_size = Size if _capi.new_tuple is tuple.__new__ else functools.partial(_capi.new_tuple, Size)
+# `cls.__new__(cls)` and `Size(shape)` for a tuple ``shape``, bound once (`_construct` runs on every
+# import and view), from the native layer: compiled, a direct call of the class's C allocator with
+# no argument tuple to build or parse, and a `Size` allocated and filled in place.
+_new_object = _native.new_object
+_new_size = _native.tuple_maker(Size)
 
 
 def _construct(

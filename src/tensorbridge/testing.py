@@ -20,7 +20,7 @@ a layout mistake in tensorbridge is not repeated by the producer that tests it.
 `CountingExporter` wraps a tensorbridge tensor as a producer whose capsules' deleter calls are
 counted, to see how often another consumer calls tensorbridge's deleter. The helpers
 `capsule_name`, `capsule_flags`, `consume_capsule`, `buffer_address` and `dtype_from_format`
-inspect what a producer or a consumer did; `offers_buffer` (`_capi`'s) is the one buffer probe.
+inspect what a producer or a consumer did; `offers_buffer` (`_storage`'s) is the one buffer probe.
 
 ``import tensorbridge`` does not import this module; it imports no array library and no pytest.
 """
@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Final
 
-from . import _capi
+from . import _capi, _native, _storage
 from ._dtype import ALL_DTYPES, DType, from_format
 
 __all__ = [
@@ -68,7 +68,8 @@ DLPACK_VERSION: Final = (1, 3)  # the newest DLPack version tensorbridge impleme
 FLAG_READ_ONLY: Final = 1 << 0  # DLPACK_FLAG_BITMASK_READ_ONLY
 FLAG_IS_COPIED: Final = 1 << 1  # DLPACK_FLAG_BITMASK_IS_COPIED
 DTYPES: Final[tuple[DType, ...]] = ALL_DTYPES  # every tensorbridge dtype, in its listing order
-offers_buffer: Final = _capi.offers_buffer  # whether a buffer request succeeds (a failure means no)
+# whether a buffer request succeeds (a failure of any kind means no)
+offers_buffer: Final = _storage.offers_buffer
 
 _VERSIONED_NAME: Final = b"dltensor_versioned"
 _LEGACY_NAME: Final = b"dltensor"
@@ -89,6 +90,10 @@ _Deleter = ctypes.CFUNCTYPE(None, _vp)  # void (*deleter)(DLManagedTensor[Versio
 _CapsuleDestructor = ctypes.CFUNCTYPE(None, _vp)
 
 
+# The DLPack structs once more, written independently of `_dlpack_abi`'s declaration (which the
+# pure-Python build derives its formats from) and flattened differently: a test oracle, so that a
+# mistake there cannot hide in a test that crafts its capsules here. tests/test_native.py checks
+# both against include/dlpack/dlpack.h.
 class _DLTensor(ctypes.Structure):
     """``DLTensor``, with the device and dtype structs flattened into their fields."""
 
@@ -341,7 +346,7 @@ class CraftedDLPack:
         self.capsule: Any = _capsule_new(
             self.address, self.name, _DESTRUCTOR_ADDRESS if destructor else None
         )
-        if destructor and _capi.GUARDED_DESTRUCTOR:
+        if destructor and _GUARDED_DESTRUCTOR:
             _set_context(self.capsule, id(_destroy))  # what the guarded destructor runs
 
     @property
@@ -422,7 +427,8 @@ def _destroy(
 _destructor = _CapsuleDestructor(_destroy)
 
 _DELETER_ADDRESS: Final = ctypes.cast(_deleter, _vp).value
-_DESTRUCTOR_ADDRESS: Final = _capi.GUARDED_DESTRUCTOR or ctypes.cast(_destructor, _vp).value
+_GUARDED_DESTRUCTOR: Final = _native.guarded_destructor_address()
+_DESTRUCTOR_ADDRESS: Final = _GUARDED_DESTRUCTOR or ctypes.cast(_destructor, _vp).value
 
 # Capsules and managed structs that outlive this module (held by a consumer, or garbage collected
 # after the module's globals are cleared at exit) still point at these two callbacks: one reference

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from tensorbridge import _capi, _dlpack_export, _exports
+from tensorbridge import _capi, _dlpack_export, _exports, _native
 from tensorbridge._dlpack_abi import DLPackDeleter
 
 __all__ = ["ExportCounter", "isolated"]
@@ -84,7 +84,7 @@ class ExportCounter:
         _exports.forget_managed = counted_release
         if _dlpack_export._CAPSULE_DESTRUCTOR is not None:
             # Compiled: the capsules' C destructor releases through the callable it was given.
-            _capi.dlpack_capsule_destructor(counted_unwatched_release)
+            _native.dlpack_capsule_destructor(counted_unwatched_release)
         _dlpack_export._DELETER_ADDRESS = ctypes.cast(counted_deleter, ctypes.c_void_p).value
 
     @staticmethod

@@ -1,20 +1,21 @@
 # cython: language_level=3
-"""Direct calls of the C-API functions `_capi` binds through ctypes, for the compiled build.
+"""The native layer, compiled: the C-API calls and the DLPack struct accesses of every import's and export's path.
 
-Each function here has the signature, the result and the errors of the ctypes prototype of the
-same job in `_capi`, which uses these when this module was compiled and ``TENSORBRIDGE_NO_EXTENSIONS``
-is not set. Only C-API mechanics live here: every rule about what the calls mean stays in the
-modules that make them. A ctypes call costs about 0.4 µs; these cost what a Python call does.
+One of the two twins behind `_native` (which chooses between them; no other module does): the same
+public names, signatures, results and errors as `_native_py`, which does the same through ctypes
+and `struct` (a ctypes call costs about 0.4 µs; these cost what a Python call does). Only C-API
+mechanics live here: every rule about what the calls mean stays in the modules that make them.
 
-Three functions touch memory rather than call the C-API: `new_managed` stores the fields of an
-exported DLPack managed struct that `_dlpack_export` has decided, as its pure-Python twin
-`_dlpack_export._pack_managed` packs them with `struct` (same arguments, same bytes, same
-`OverflowError`); `read_versioned` and `read_dims` load a producer's managed struct and its shape
-and strides, as their twins in `_dlpack_c` unpack them with `struct` (same fields, same values,
-None for the same addresses).
+The DLPack structs are declared from include/dlpack/dlpack.h, so the C compiler lays them out:
+`new_managed` stores the fields of an exported managed struct that `_dlpack_export` has decided,
+`read_versioned` and `read_dims` load a producer's managed struct and its shape and strides
+(tests/test_native.py checks both twins byte for byte and value for value). What only C can do:
+the capsule destructors that keep a pending exception (`dlpack_capsule_destructor`,
+`guarded_destructor_address`) and callbacks that keep one too (`void_callback`).
 """
 
 cimport cython
+import functools
 import sys
 
 from cpython.buffer cimport PyBuffer_IsContiguous, PyBuffer_Release, PyObject_GetBuffer
@@ -421,12 +422,20 @@ cdef extern from "Python.h":
         PyObject* (*tp_alloc)(PyTypeObject*, Py_ssize_t)
 
 
-def new_tuple(type cls not None, tuple items not None):
-    """``tuple.__new__(cls, items)`` for a subclass ``cls`` of tuple: allocated through its C slot
-    and filled in place, with no argument tuple, no temporary tuple and no ``__init__``
-    (``Tensor._new`` makes a `Size` per tensor)."""
-    if not issubclass(cls, tuple):
-        raise TypeError(f"new_tuple(): {cls.__name__} is not a subclass of tuple")
+def tuple_maker(type cls not None):
+    """A callable that makes an instance of ``cls``, a subclass of tuple that defines no
+    ``__new__`` or ``__init__``, from a tuple, as ``tuple.__new__(cls, items)`` does (``Tensor._new``
+    makes a `Size` per tensor): here `_new_tuple` bound to ``cls``."""
+    if not issubclass(cls, tuple) or cls.__new__ is not tuple.__new__:
+        raise TypeError(
+            f"tuple_maker(): {cls.__name__} is not a subclass of tuple with tuple's __new__"
+        )
+    return functools.partial(_new_tuple, cls)
+
+
+def _new_tuple(type cls not None, tuple items not None):
+    # ``tuple.__new__(cls, items)``, allocated through the class's C slot and filled in place,
+    # with no argument tuple, no temporary tuple and no ``__init__``.
     cdef Py_ssize_t n = len(items), i
     cdef PyObject* raw = (<_AllocatingType*>cls).tp_alloc(<PyTypeObject*>cls, n)
     if raw == NULL:
@@ -441,41 +450,45 @@ def new_tuple(type cls not None, tuple items not None):
     return out
 
 
-# The structs of dlpack.h v1.3 that an export writes. `_dlpack_abi` mirrors them in ctypes, field
-# for field; the deleter is an untyped address here, as in the writer there.
-ctypedef struct DLDevice:
-    int32_t device_type
-    int32_t device_id
+# The structs, declared from the header (include/dlpack/dlpack.h): the C compiler lays them out, and
+# checks every access below against it. Only the fields read or written here are named.
+cdef extern from "dlpack/dlpack.h":
+    ctypedef struct DLDevice:
+        int32_t device_type
+        int32_t device_id
 
-ctypedef struct DLDataType:
-    uint8_t code
-    uint8_t bits
-    uint16_t lanes
+    ctypedef struct DLDataType:
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
 
-ctypedef struct DLTensor:
-    void* data
-    DLDevice device
-    int32_t ndim
-    DLDataType dtype
-    int64_t* shape
-    int64_t* strides
-    uint64_t byte_offset
+    ctypedef struct DLTensor:
+        void* data
+        DLDevice device
+        int32_t ndim
+        DLDataType dtype
+        int64_t* shape
+        int64_t* strides
+        uint64_t byte_offset
 
-ctypedef struct DLManagedTensor:
-    DLTensor dl_tensor
-    void* manager_ctx
-    void* deleter
+    ctypedef struct DLManagedTensor:
+        DLTensor dl_tensor
+        void* manager_ctx
+        void (*deleter)(DLManagedTensor* self) noexcept
 
-ctypedef struct DLPackVersion:
-    uint32_t major
-    uint32_t minor
+    ctypedef struct DLPackVersion:
+        uint32_t major
+        uint32_t minor
 
-ctypedef struct DLManagedTensorVersioned:
-    DLPackVersion version
-    void* manager_ctx
-    void* deleter
-    uint64_t flags
-    DLTensor dl_tensor
+    ctypedef struct DLManagedTensorVersioned:
+        DLPackVersion version
+        void* manager_ctx
+        void (*deleter)(DLManagedTensorVersioned* self) noexcept
+        uint64_t flags
+        DLTensor dl_tensor
+
+ctypedef void (*_legacy_deleter)(DLManagedTensor* self) noexcept
+ctypedef void (*_versioned_deleter)(DLManagedTensorVersioned* self) noexcept
 
 
 cdef class ManagedBlock:
@@ -543,13 +556,13 @@ def new_managed(
         managed_versioned.version.major = major
         managed_versioned.version.minor = minor
         managed_versioned.manager_ctx = block.memory
-        managed_versioned.deleter = <void*>deleter
+        managed_versioned.deleter = <_versioned_deleter><void*>deleter
         managed_versioned.flags = flags
         tensor = &managed_versioned.dl_tensor
     else:
         managed_legacy = <DLManagedTensor*>block.memory
         managed_legacy.manager_ctx = block.memory
-        managed_legacy.deleter = <void*>deleter
+        managed_legacy.deleter = <_legacy_deleter><void*>deleter
         tensor = &managed_legacy.dl_tensor
     tensor.data = <void*>data
     tensor.device.device_type = device_type
@@ -580,7 +593,7 @@ cdef inline bint _outside(uintptr_t address, size_t size) noexcept:
 
 
 def read_versioned(uintptr_t address):
-    """The fields of the ``DLManagedTensorVersioned`` at ``address``, in `_dlpack_c.VERSIONED`'s
+    """The fields of the ``DLManagedTensorVersioned`` at ``address``, in `_dlpack_abi.VERSIONED_READ`'s
     order: major, minor, manager_ctx, deleter, flags, then the DLTensor's data, device type and id,
     ndim, dtype (its 4 bytes as one native uint32), shape, strides and byte_offset; pointers as
     unsigned ints. None for an address outside ``[1, PY_SSIZE_T_MAX)``."""
@@ -613,7 +626,7 @@ cdef tuple _int64s(uintptr_t address, Py_ssize_t n):
 
 def read_dims(uintptr_t shape, uintptr_t strides, Py_ssize_t ndim):
     """The ``ndim`` int64s at ``shape`` and the ``ndim`` at ``strides``, as a pair of tuples (what
-    two reads of `_dlpack_c.INT64_ARRAYS[ndim]` give). None when either array lies outside
+    two reads of `_dlpack_abi.INT64_ARRAYS[ndim]` give). None when either array lies outside
     ``[1, PY_SSIZE_T_MAX)``; `ValueError` for a negative ``ndim``."""
     if ndim < 0:
         raise ValueError(f"read_dims(): ndim must be non-negative; got {ndim}")
