@@ -626,10 +626,13 @@ cdef tuple _int64s(uintptr_t address, Py_ssize_t n):
 
 def read_dims(uintptr_t shape, uintptr_t strides, Py_ssize_t ndim):
     """The ``ndim`` int64s at ``shape`` and the ``ndim`` at ``strides``, as a pair of tuples (what
-    two reads of `_dlpack_abi.INT64_ARRAYS[ndim]` give). None when either array lies outside
-    ``[1, PY_SSIZE_T_MAX)``; `ValueError` for a negative ``ndim``."""
+    two reads of `_dlpack_abi.INT64_ARRAYS[ndim]` give); two empty tuples for ``ndim`` 0, whatever
+    the addresses. None when either array lies outside ``[1, PY_SSIZE_T_MAX)``; `ValueError` for a
+    negative ``ndim``."""
     if ndim < 0:
         raise ValueError(f"read_dims(): ndim must be non-negative; got {ndim}")
+    if ndim == 0:  # nothing to read: no address is touched
+        return (), ()
     if ndim > PY_SSIZE_T_MAX // <Py_ssize_t>sizeof(int64_t):
         return None
     cdef size_t size = <size_t>ndim * sizeof(int64_t)

@@ -303,9 +303,12 @@ def read_versioned(address: int) -> tuple[int, ...] | None:
 def read_dims(
     shape: int, strides: int, ndim: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The ``ndim`` int64s at ``shape`` and the ``ndim`` at ``strides``, as a pair of tuples. None
-    when either array lies outside ``[1, PY_SSIZE_T_MAX)``; `ValueError` for a negative ``ndim``."""
-    if ndim < 0:
+    """The ``ndim`` int64s at ``shape`` and the ``ndim`` at ``strides``, as a pair of tuples; two
+    empty tuples for ``ndim`` 0, whatever the addresses. None when either array lies outside
+    ``[1, PY_SSIZE_T_MAX)``; `ValueError` for a negative ``ndim``."""
+    if ndim <= 0:
+        if ndim == 0:  # nothing to read: no address is touched
+            return (), ()
         msg = f"read_dims(): ndim must be non-negative; got {ndim}"
         raise ValueError(msg)
     try:
