@@ -27,6 +27,7 @@ import platform
 import re
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -102,6 +103,40 @@ DIRECTIVES = {
 MODULE_DIRECTIVES: dict[str, dict[str, object]] = {}
 
 
+def _version(text: str) -> tuple[int, ...]:
+    """The release numbers of a version string: "3.3.1" and "3.3.1rc2" give (3, 3, 1)."""
+    match = re.match(r"\d+(\.\d+)*", text.strip())
+    return tuple(int(part) for part in match.group().split(".")) if match else ()
+
+
+def _cython_range() -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    """The Cython versions the compiled build is made with: the ``Cython>=LOW,<HIGH`` of
+    pyproject.toml's ``[build-system] requires``, as (the spec, LOW, HIGH). pip enforces it in an
+    isolated build; a build without isolation (``pip install --no-build-isolation .``) takes
+    whatever Cython is installed, so `BuildExt` checks it too: Cython 3.3.0 was seen to build
+    modules that crash on the first view of a tensor (Python 3.12)."""
+    with (Path(__file__).resolve().parent / "pyproject.toml").open("rb") as f:
+        requires = tomllib.load(f)["build-system"]["requires"]
+    [spec] = [r for r in requires if re.match(r"cython\b", r, re.IGNORECASE)]
+    low = re.search(r">=\s*([\w.]+)", spec)
+    high = re.search(r"<\s*([\w.]+)", spec)
+    if low is None or high is None:
+        msg = f"pyproject.toml: the Cython requirement {spec!r} needs a >= and a < bound"
+        raise ValueError(msg)
+    return spec, _version(low.group(1)), _version(high.group(1))
+
+
+def _unsupported_cython(version: str) -> str | None:
+    """Why the installed Cython ``version`` may not build the compiled modules, or None."""
+    spec, low, high = _cython_range()
+    if low <= _version(version) < high:
+        return None
+    return (
+        f"Cython {version} is installed, and the compiled build needs {spec} (pyproject.toml): "
+        f"install such a Cython, or build with pip's default build isolation"
+    )
+
+
 def _disabled_reason(editable: bool) -> str | None:
     """Why this build compiles nothing, or None when it compiles."""
     if editable:
@@ -149,6 +184,8 @@ class BuildExt(build_ext):
             except ImportError:
                 reason = "Cython is not installed"
             else:
+                reason = _unsupported_cython(Cython.__version__)
+            if reason is None:
                 cython_version = Cython.__version__
                 self.extensions = self._cythonize(cythonize)
                 if self.parallel is None:  # compile the modules on every core

@@ -8,6 +8,7 @@ import importlib
 import importlib.machinery
 import json
 import os
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,27 @@ def _setup_script() -> dict:
     finally:
         os.chdir(cwd)
     return namespace
+
+
+def test_the_build_takes_only_the_cython_versions_pyproject_asks_for():
+    """A build without isolation takes whatever Cython is installed: the build checks the version
+    against pyproject.toml's own requirement and ships pure Python outside it (Cython 3.3.0 was
+    seen to build modules that crash on a tensor's first view)."""
+    setup = _setup_script()
+    pyproject = tomllib.loads(
+        (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    )
+    [spec] = [r for r in pyproject["build-system"]["requires"] if r.lower().startswith("cython")]
+    assert setup["_cython_range"]()[0] == spec
+    low, high = setup["_cython_range"]()[1:]
+    assert low <= (3, 3, 1) < high  # the version the compiled build is measured and tested with
+    for version in ("3.3.0", "3.2.4", "0.29.37", "3.4.0", "4.0.0a1"):
+        reason = setup["_unsupported_cython"](version)
+        assert reason is not None and f"Cython {version} is installed" in reason, version
+        assert spec in reason and "build isolation" in reason
+    for version in ("3.3.1", "3.3.2rc1"):
+        assert setup["_unsupported_cython"](version) is None, version
+    assert setup["_version"]("3.3.1rc2") == (3, 3, 1)
 
 
 def test_the_build_reads_each_modules_cimports_from_its_pxd():
