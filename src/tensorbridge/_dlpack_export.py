@@ -55,6 +55,7 @@ from ._dlpack_abi import (
 from ._dlpack_c import exchange_api_of
 from ._errors import short_repr
 from ._exports import hold_capsule, hold_managed
+from ._native import capsule_new
 
 if TYPE_CHECKING:
     from ._storage import Storage
@@ -289,7 +290,7 @@ def _new_capsule(t: Tensor, storage: Storage, device: Device, versioned: bool, c
     """Write the managed struct, shape and strides into one block; wrap it; register both."""
     name = DLTENSOR_VERSIONED if versioned else DLTENSOR
     address, block = _new_managed(t, storage, device, versioned, copied)
-    capsule = _native.capsule_new(address, name, _CAPSULE_DESTRUCTOR)
+    capsule = capsule_new(address, name, _CAPSULE_DESTRUCTOR)
     if _CAPSULE_DESTRUCTOR is None:
         hold_capsule(address, block, t, name, capsule)
     else:

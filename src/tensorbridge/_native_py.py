@@ -19,6 +19,7 @@ import sys
 from typing import Any, Final
 
 from . import _capi
+from ._capi import Py_buffer, Py_DecRef, PyBuffer_IsContiguous, PyObject_GetBuffer
 from ._dlpack_abi import INT64_ARRAYS, LEGACY_WRITE, VERSIONED_READ, VERSIONED_WRITE
 
 __all__ = [
@@ -162,21 +163,21 @@ def void_callback(function: Any) -> int:
     return address
 
 
-def acquire_buffer(obj: object, flags: int) -> tuple[_capi.Py_buffer, int, int, bool]:
+def acquire_buffer(obj: object, flags: int) -> tuple[Py_buffer, int, int, bool]:
     """``PyObject_GetBuffer(obj, view, flags)`` into a new held view: ``(view, buf, len,
     readonly)``, the address 0 for NULL and ``readonly`` a bool. The view releases itself when it
     dies; its fields read as `_capi.Py_buffer`'s. Raises the exporter's error, holding nothing."""
-    view = _capi.Py_buffer()
-    _capi.PyObject_GetBuffer(obj, view, flags)
+    view = Py_buffer()
+    PyObject_GetBuffer(obj, view, flags)
     exporter = view.obj
     if exporter:  # its reference moves to ``view.exporter``, which the collector sees
         view.exporter = ctypes.cast(exporter, ctypes.py_object).value
-        _capi.Py_DecRef(exporter)
+        Py_DecRef(exporter)
     return view, view.buf or 0, view.len, view.readonly != 0
 
 
 def describe_buffer(
-    view: _capi.Py_buffer,
+    view: Py_buffer,
 ) -> tuple[
     int, int, bytes | None, int, int, tuple[int, ...] | None, tuple[int, ...] | None, bool, bool
 ]:
@@ -196,7 +197,7 @@ def describe_buffer(
         tuple(view.shape[:ndim]) if view.shape else None,
         tuple(view.strides[:ndim]) if view.strides else None,
         bool(suboffsets) and any(suboffsets[i] >= 0 for i in range(ndim)),
-        _capi.PyBuffer_IsContiguous(view, b"C") == 1,
+        PyBuffer_IsContiguous(view, b"C") == 1,
     )
 
 
@@ -306,13 +307,17 @@ def read_dims(
     """The ``ndim`` int64s at ``shape`` and the ``ndim`` at ``strides``, as a pair of tuples; two
     empty tuples for ``ndim`` 0, whatever the addresses. None when either array lies outside
     ``[1, PY_SSIZE_T_MAX)``; `ValueError` for a negative ``ndim``."""
-    if ndim <= 0:
-        if ndim == 0:  # nothing to read: no address is touched
-            return (), ()
-        msg = f"read_dims(): ndim must be non-negative; got {ndim}"
-        raise ValueError(msg)
-    try:
-        fmt = INT64_ARRAYS[ndim] if ndim < len(INT64_ARRAYS) else struct.Struct(f"@{ndim}q")
-        return fmt.unpack_from(_MEMORY, shape - _BASE), fmt.unpack_from(_MEMORY, strides - _BASE)
-    except (struct.error, OverflowError):
-        return None
+    if ndim > 0:
+        try:
+            try:
+                fmt = INT64_ARRAYS[ndim]
+            except IndexError:  # more dimensions than a tensor may have: the caller refuses them
+                fmt = struct.Struct(f"@{ndim}q")
+            sizes = fmt.unpack_from(_MEMORY, shape - _BASE)
+            return sizes, fmt.unpack_from(_MEMORY, strides - _BASE)
+        except (struct.error, OverflowError):
+            return None
+    if ndim == 0:  # nothing to read: no address is touched
+        return (), ()
+    msg = f"read_dims(): ndim must be non-negative; got {ndim}"
+    raise ValueError(msg)
