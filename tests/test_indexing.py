@@ -599,6 +599,18 @@ def test_advanced_assignment_dtype_rules_follow_torch():
         x[[0]] = tb.tensor([1.0, 2.0, 3.0], dtype=tb.float64)
     with pytest.raises(IndexError, match="shape mismatch"):  # reported before the dtype
         x[[0, 1], [0, 1, 2]] = tb.tensor(1.0, dtype=tb.float64)
+    # An index into an empty dimension is refused before the dtypes, as index_put_ does; an
+    # empty index there, or any index into a non-empty one, meets the dtype rule first.
+    empty = tb.zeros(2, 0, dtype=tb.bool)
+    for target, key in ((empty, ([0], [0])), (empty, (slice(None), [0])), (empty[0], [0])):
+        with pytest.raises(IndexError, match="index is out of bounds for dimension with size 0"):
+            target[key] = tb.tensor(0)
+    with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"):
+        empty[[0]] = tb.tensor(0)  # dimension 0 has two rows
+    with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"):
+        empty[:, tb.tensor([], dtype=tb.int64)] = tb.tensor(0)
+    with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"):
+        tb.zeros(3, dtype=tb.bool)[[5]] = tb.tensor(0)
     x[tb.tensor([True, False])] = tb.tensor(3.0, dtype=tb.float64)
     x[True] = tb.tensor(1, dtype=tb.int64)  # bare True: an unsqueezed view, cast
     x[False] = tb.tensor([1.0, 2.0, 3.0, 4.0, 5.0])  # no write, no check

@@ -286,13 +286,20 @@ def test_broadcast_shapes_match_numpy(np, shapes):
 
 @given(layout=S.layouts(), data=st.data())
 def test_expand_strides_repeat_size_one_dims(layout, data):
-    """expand_strides gives stride 0 to new and grown dims and keeps the others."""
+    """expand_strides gives stride 0 to grown dims and keeps the others; a new leading dim of
+    size 1 continues the stride after it (its size times its stride), as PyTorch's expand
+    infers the geometry, except over a 0-d tensor, whose new dims all have stride 0."""
     target = data.draw(S.expand_targets(layout.shape))
     strides = _layout.expand_strides(layout.shape, layout.strides, target, "expand")
     lead = len(target) - len(layout.shape)
     shape = [t if t != -1 else layout.shape[i - lead] for i, t in enumerate(target)]
     for i, (size, stride) in enumerate(zip(shape, strides, strict=True)):
-        if i < lead or layout.shape[i - lead] != size:
+        if i < lead:
+            if size != 1 or not layout.shape:
+                assert stride == 0
+            else:
+                assert stride == shape[i + 1] * strides[i + 1]
+        elif layout.shape[i - lead] != size:
             assert stride == 0
         else:
             assert stride == layout.strides[i - lead]

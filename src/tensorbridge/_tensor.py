@@ -597,6 +597,14 @@ class Tensor(TensorFields):
             view._assign(value, "__setitem__")
             return
         view._index_shape(basic.advanced, "__setitem__")  # a shape mismatch is reported first
+        for a in basic.advanced:  # then an index into an empty dimension, before the dtypes
+            if a.values and view._shape[a.dim] == 0:
+                msg = (
+                    f"__setitem__(): index is out of bounds for dimension with size 0 (dimension "
+                    f"{a.dim} of the indexed shape {list(view._shape)}); an empty dimension "
+                    f"takes only an empty index."
+                )
+                raise IndexError(msg)
         if (
             isinstance(value, Tensor)
             and value._dtype is not self._dtype
