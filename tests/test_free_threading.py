@@ -325,6 +325,55 @@ def stress(seconds: float = SECONDS, workers: int = WORKERS) -> dict[str, Any]:
     }
 
 
+def host_views(rounds: int = 600, workers: int = WORKERS) -> dict[str, Any]:
+    """Threads copy and read slices of one shared tensor at once: every copy reads the host view
+    of the same storage, slicing and casting it. Without a GIL, CPython 3.13 counts a memoryview's
+    exports without atomics: threads sharing one view released it under each other."""
+    import random
+    import threading
+
+    from tensorbridge import _storage
+
+    base = tb.arange(N)
+    values = list(range(N))
+    errors: list[str] = []
+    failures: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(rounds):
+                key = slice(rng.randrange(N), None, rng.choice((1, 2, -1, -3)))
+                got = base[key].clone().tolist()
+                if got != values[key]:
+                    errors.append(f"{key}: {got[:6]} != {values[key][:6]}")
+        except Exception as exc:  # what a released view raises, on any thread
+            failures.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    storage = base._storage
+    return {
+        "errors": errors[:5],
+        "failures": failures[:5],
+        "shared": _storage._SHARE_HOST_VIEW,
+        "same_view": storage.host_view("test") is storage.host_view("test"),
+    }
+
+
+def test_threads_copying_one_storage_each_read_a_view_that_stays_valid(
+    subprocess_run: Any,
+) -> None:
+    """A storage keeps one host view only where a GIL serialises its users: without one, each
+    read gets a view of its own, and no copy ever meets a released view."""
+    got = _child("host_views()", subprocess_run)
+    assert got["failures"] == [] and got["errors"] == [], got
+    assert got["shared"] is got["same_view"] is not FREE_THREADED, got
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("numpy") is None, reason="the stress shares NumPy arrays"
 )

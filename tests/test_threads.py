@@ -33,6 +33,9 @@ WORKERS = 8
 # Operations per worker thread: more without a GIL (free-threaded CPython), where threads really run
 # at once and nothing but tensorbridge's own design keeps its tables whole.
 ROUNDS = 2000 if sysconfig.get_config_var("Py_GIL_DISABLED") else 400
+# Seconds the collector thread waits between collections: none with a GIL (the switch interval
+# shares the time), a millisecond without one.
+COLLECT_PAUSE = 0.001 if sysconfig.get_config_var("Py_GIL_DISABLED") else 0.0
 
 
 def _child(call: str, subprocess_run: Any) -> dict[str, Any]:
@@ -131,7 +134,9 @@ def run_workers() -> dict[str, Any]:
     sys.setswitchinterval(1e-5)  # switch threads every few bytecodes, not every 5 ms
 
     def collector() -> None:
-        while not done.is_set():
+        # Without a GIL each collection stops every thread: back to back, they would leave the
+        # workers almost no time to run (2000 rounds took minutes instead of seconds).
+        while not done.wait(COLLECT_PAUSE):
             gc.collect()
 
     threads = [

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import sysconfig
 from collections.abc import Callable, Sequence
 from math import prod
 from typing import Any, Final, NamedTuple
@@ -42,6 +43,11 @@ ALIGNMENT: Final = 64
 # One past the highest address a pointer can hold on this platform.
 ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
 # The largest size an object may have (Py_ssize_t): a module constant, read on every import.
+# Whether a storage keeps the one view `Storage.host_view` makes. Not without a GIL: CPython 3.13's
+# free-threaded build counts the exports of a memoryview's buffer without atomics, so threads that
+# slice or cast one shared view at once can release it under each other ("operation forbidden on
+# released memoryview object"); each call there makes a view of its own.
+_SHARE_HOST_VIEW: Final = not sysconfig.get_config_var("Py_GIL_DISABLED")
 _MAX_SIZE: Final = sys.maxsize
 
 
@@ -104,6 +110,7 @@ class Storage:
         """A writable unsigned-byte memoryview of the whole range; only for host-accessible memory.
 
         The view does not keep the memory alive by itself: callers hold the storage while they use it.
+        It is made once and kept, except on a free-threaded interpreter (see `_SHARE_HOST_VIEW`).
         """
         mv = self._mv
         if mv is None:
@@ -117,7 +124,8 @@ class Storage:
                 mv = memoryview(bytearray(0))
             else:
                 mv = memoryview((ctypes.c_char * self.nbytes).from_address(self.ptr)).cast("B")
-            self._mv = mv
+            if _SHARE_HOST_VIEW:
+                self._mv = mv
         return mv
 
     def __repr__(self) -> str:
