@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from typing import Any
 
@@ -22,6 +23,11 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# Seconds a stress's collector thread waits between two collections: none with a GIL (the switch
+# interval shares the time), a millisecond without one, where each collection stops every thread
+# and collections back to back leave the workers almost no time to run.
+COLLECT_PAUSE = 0.001 if sysconfig.get_config_var("Py_GIL_DISABLED") else 0.0
 
 
 def native_twins() -> list[Any]:

@@ -30,6 +30,7 @@ import sysconfig
 from typing import Any
 
 import pytest
+from tests.conftest import COLLECT_PAUSE
 
 import tensorbridge as tb
 
@@ -251,7 +252,7 @@ def _run(shared: list[Any], keep: list[Any], seconds: float, workers: int) -> di
 
     def collector() -> None:
         nonlocal collections
-        while not done.is_set():
+        while not done.wait(COLLECT_PAUSE):
             gc.collect()
             collections += 1
 

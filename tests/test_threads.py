@@ -21,6 +21,7 @@ import weakref
 from typing import Any
 
 import pytest
+from tests.conftest import COLLECT_PAUSE
 from tests.soak import crafted
 
 import tensorbridge as tb
@@ -33,9 +34,6 @@ WORKERS = 8
 # Operations per worker thread: more without a GIL (free-threaded CPython), where threads really run
 # at once and nothing but tensorbridge's own design keeps its tables whole.
 ROUNDS = 2000 if sysconfig.get_config_var("Py_GIL_DISABLED") else 400
-# Seconds the collector thread waits between collections: none with a GIL (the switch interval
-# shares the time), a millisecond without one.
-COLLECT_PAUSE = 0.001 if sysconfig.get_config_var("Py_GIL_DISABLED") else 0.0
 
 
 def _child(call: str, subprocess_run: Any) -> dict[str, Any]:
@@ -134,8 +132,6 @@ def run_workers() -> dict[str, Any]:
     sys.setswitchinterval(1e-5)  # switch threads every few bytecodes, not every 5 ms
 
     def collector() -> None:
-        # Without a GIL each collection stops every thread: back to back, they would leave the
-        # workers almost no time to run (2000 rounds took minutes instead of seconds).
         while not done.wait(COLLECT_PAUSE):
             gc.collect()
 
