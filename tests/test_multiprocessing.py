@@ -310,9 +310,8 @@ import tensorbridge as tb
 
 warnings.simplefilter("error")  # the tracker's "called reentrantly" warning fails the run
 resource_tracker.ensure_running()
-others = set(os.listdir("/dev/shm"))  # other tests' segments come and go meanwhile
 t = tb.arange(16).share_memory_()
-[name] = [n for n in os.listdir("/dev/shm") if n.startswith("psm_") and n not in others]
+name = t._storage.owner.name  # this segment's own name: other tests' segments come and go
 # A collection that runs inside a call to the tracker (its lock held by this thread) frees the
 # last view of the segment: the name goes at once, and the tracker is told after that call.
 with resource_tracker._resource_tracker._lock:
