@@ -30,6 +30,7 @@ linux_only = pytest.mark.skipif(
 
 _CHECKS = """
 import concurrent.futures
+import gc
 import json
 import multiprocessing
 from multiprocessing.reduction import ForkingPickler
@@ -80,6 +81,13 @@ def main():
             owner.name.partition(".")[0] == u._storage.owner.name,
         ]
         results[method] = {"mapped": mapped, "name": name, "queue": queue, "pool": pool}
+        # The queues' and the pool's semaphores go now, outside any call into the resource
+        # tracker: one that a collection finalises inside such a call (the next segment being
+        # registered) makes CPython warn that the tracker was called reentrantly.
+        inbox.close()
+        outbox.close()
+        del inbox, outbox, p, ex
+        gc.collect()
     print("RESULT " + json.dumps(results))
 
 
