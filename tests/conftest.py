@@ -24,10 +24,12 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
+# A free-threaded CPython (built without the GIL; PEP 703).
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 # Seconds a stress's collector thread waits between two collections: none with a GIL (the switch
 # interval shares the time), a millisecond without one, where each collection stops every thread
 # and collections back to back leave the workers almost no time to run.
-COLLECT_PAUSE = 0.001 if sysconfig.get_config_var("Py_GIL_DISABLED") else 0.0
+COLLECT_PAUSE = 0.001 if FREE_THREADED else 0.0
 
 
 def native_twins() -> list[Any]:

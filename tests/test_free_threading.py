@@ -26,17 +26,15 @@ import importlib.util
 import json
 import os
 import sys
-import sysconfig
 from typing import Any
 
 import pytest
-from tests.conftest import COLLECT_PAUSE
+from tests.conftest import COLLECT_PAUSE, FREE_THREADED
 
 import tensorbridge as tb
 
 pytestmark = pytest.mark.subprocess
 
-FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 WORKERS = 8
 SECONDS = float(os.environ.get("TENSORBRIDGE_STRESS_SECONDS", "10" if FREE_THREADED else "2"))
 N = 64  # elements of each tensor (int64 values)

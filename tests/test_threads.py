@@ -15,13 +15,12 @@ import json
 import pickle
 import random
 import sys
-import sysconfig
 import threading
 import weakref
 from typing import Any
 
 import pytest
-from tests.conftest import COLLECT_PAUSE
+from tests.conftest import COLLECT_PAUSE, FREE_THREADED
 from tests.soak import crafted
 
 import tensorbridge as tb
@@ -33,7 +32,7 @@ N = 256  # elements of each shared storage (int64 values 0..N-1)
 WORKERS = 8
 # Operations per worker thread: more without a GIL (free-threaded CPython), where threads really run
 # at once and nothing but tensorbridge's own design keeps its tables whole.
-ROUNDS = 2000 if sysconfig.get_config_var("Py_GIL_DISABLED") else 400
+ROUNDS = 2000 if FREE_THREADED else 400
 
 
 def _child(call: str, subprocess_run: Any) -> dict[str, Any]:

@@ -255,10 +255,10 @@ def expand_strides(
         raise RuntimeError(msg)
     lead = len(target) - len(shape)
     out = [0] * len(target)
-    sizes = [0] * len(target)
     # Right to left, as PyTorch infers the geometry: a new leading dimension is a size-1 dimension
-    # whose stride continues the one after it (its size times its stride), made 0 when it is
-    # expanded; a 0-d tensor's new dimensions all have stride 0.
+    # whose stride continues the one after it (`follows`: that one's size times its stride), made 0
+    # when it is expanded; a 0-d tensor's new dimensions all have stride 0.
+    follows = 0
     for i in range(len(target) - 1, -1, -1):
         want = target[i]
         if i < lead:
@@ -268,14 +268,13 @@ def expand_strides(
                     f"non-existing dimension {i}"
                 )
                 raise RuntimeError(msg)
-            size = 1
-            stride = sizes[i + 1] * out[i + 1] if i + 1 < len(target) else 0
+            size, stride = 1, follows
         else:
             size, stride = shape[i - lead], strides[i - lead]
         if want in (-1, size):
-            sizes[i], out[i] = size, stride
+            out[i] = stride
         elif size == 1 and want >= 0:
-            sizes[i], out[i] = want, 0
+            size, out[i] = want, 0
         else:
             msg = (
                 f"{api}(): The expanded size of the tensor ({want}) must match the existing size "
@@ -283,6 +282,7 @@ def expand_strides(
                 f"Tensor sizes: {list(shape)}"
             )
             raise RuntimeError(msg)
+        follows = size * out[i]
     return tuple(out)
 
 

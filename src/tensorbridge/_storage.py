@@ -43,12 +43,12 @@ ALIGNMENT: Final = 64
 # One past the highest address a pointer can hold on this platform.
 ADDRESS_LIMIT: Final = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
 # The largest size an object may have (Py_ssize_t): a module constant, read on every import.
+_MAX_SIZE: Final = sys.maxsize
 # Whether a storage keeps the one view `Storage.host_view` makes. Not without a GIL: CPython 3.13's
 # free-threaded build counts the exports of a memoryview's buffer without atomics, so threads that
 # slice or cast one shared view at once can release it under each other ("operation forbidden on
 # released memoryview object"); each call there makes a view of its own.
 _SHARE_HOST_VIEW: Final = not sysconfig.get_config_var("Py_GIL_DISABLED")
-_MAX_SIZE: Final = sys.maxsize
 
 
 class Storage:
