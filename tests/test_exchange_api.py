@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import pytest
 
 import tensorbridge as tb
-from tensorbridge import _capi, _dlpack, _dlpack_c, _dlpack_export, _exports
+from tensorbridge import _cache, _capi, _dlpack, _dlpack_c, _dlpack_export, _exports
 
 # -------------------------------------------------------------------------------------------------
 # Helpers
@@ -41,7 +41,7 @@ def tensor_facts(t: tb.Tensor) -> tuple[Any, ...]:
 
 def _forget(monkeypatch, table: str, lookup: str) -> None:
     """Give `_dlpack` an empty per-type or per-address table (and its bound lookup) for one test."""
-    empty: dict = {}
+    empty: dict = {} if table == "_DELETERS" else _cache.TypeTable()
     monkeypatch.setattr(_dlpack, table, empty)
     monkeypatch.setattr(_dlpack, lookup, empty.get)
 
@@ -50,7 +50,7 @@ def _forget(monkeypatch, table: str, lookup: str) -> None:
 def capsule_path(monkeypatch):
     """Make from_dlpack forget every exchange API: each producer goes through ``__dlpack__``."""
     _forget(monkeypatch, "_PRODUCERS", "_producer_of")
-    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
     monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
 
 
@@ -58,7 +58,7 @@ def capsule_path(monkeypatch):
 def fresh_producers(monkeypatch):
     """An empty per-type cache, so that each test looks its types up again."""
     _forget(monkeypatch, "_PRODUCERS", "_producer_of")
-    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
 
 
 class _Header(ctypes.Structure):
@@ -384,7 +384,7 @@ def test_torch_fast_path_equals_the_capsule_path(torch, monkeypatch, name):
     cases = _torch_layouts(torch, x)
     fast = {k: _outcome(lambda v=v: tb.from_dlpack(v)) for k, v in cases.items()}
     _forget(monkeypatch, "_PRODUCERS", "_producer_of")
-    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
     monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     slow = {k: _outcome(lambda v=v: tb.from_dlpack(v)) for k, v in cases.items()}
     assert fast == slow
@@ -394,7 +394,7 @@ def test_torch_fast_path_is_taken(torch, fresh_producers, monkeypatch):
     """A plain CPU torch tensor goes through the table: one exchange call, no __dlpack__ call."""
     calls = {"exchange": 0, "dlpack": 0}
     tb.from_dlpack(torch.zeros(1))  # looks the table up
-    exchange = _dlpack._PRODUCERS[torch.Tensor].exchange
+    exchange = _dlpack._PRODUCERS[id(torch.Tensor)].exchange
     real_from_py, real_dlpack = exchange.from_py, torch.Tensor.__dlpack__
 
     def counted_from_py(*args):
@@ -456,7 +456,7 @@ def test_torch_refusals_are_the_capsule_paths(torch, monkeypatch, case):
         x, y = make(), make()
     fast = _outcome(lambda: tb.from_dlpack(x))
     _forget(monkeypatch, "_PRODUCERS", "_producer_of")
-    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
     monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     slow = _outcome(lambda: tb.from_dlpack(y))
     assert fast == slow
@@ -471,7 +471,7 @@ def test_torch_negative_bit_is_resolved_either_way(torch, monkeypatch):
     assert x.is_neg()
     fast = tb.from_dlpack(x).tolist()
     _forget(monkeypatch, "_PRODUCERS", "_producer_of")
-    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", {})
+    monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
     monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     assert fast == tb.from_dlpack(x).tolist() == [-2.0, 4.0]
 
@@ -479,7 +479,7 @@ def test_torch_negative_bit_is_resolved_either_way(torch, monkeypatch):
 def test_torch_negative_bit_skips_the_table(torch, fresh_producers, monkeypatch):
     """A negative-bit view is resolved on the __dlpack__ path; the table is not called."""
     tb.from_dlpack(torch.zeros(1))
-    exchange = _dlpack._PRODUCERS[torch.Tensor].exchange
+    exchange = _dlpack._PRODUCERS[id(torch.Tensor)].exchange
     monkeypatch.setattr(exchange, "from_py", lambda *args: pytest.fail("exchange called"))
     x = torch.tensor([1 + 2j, 3 - 4j]).conj().imag
     assert tb.from_dlpack(x).tolist() == [-2.0, 4.0]
@@ -498,14 +498,14 @@ def test_torch_subclass_takes_the_dlpack_path(torch, fresh_producers):
     x = torch.arange(3.0).as_subclass(Tracked)
     assert tb.from_dlpack(x).tolist() == [0.0, 1.0, 2.0]
     assert Tracked.calls == 1
-    assert _dlpack._PRODUCERS[Tracked].exchange is None
+    assert _dlpack._PRODUCERS[id(Tracked)].exchange is None
 
 
 def test_torch_export_through_the_table(torch, fresh_producers, monkeypatch):
     """t.torch() hands a managed tensor to torch's table: shared memory, released when torch is done."""
     calls = []
     tb.from_dlpack(torch.zeros(1))
-    exchange = _dlpack._PRODUCERS[torch.Tensor].exchange
+    exchange = _dlpack._PRODUCERS[id(torch.Tensor)].exchange
     real = exchange.to_py
     monkeypatch.setattr(exchange, "to_py", lambda *args: calls.append(args) or real(*args))
     t = tb.arange(6, dtype=tb.float32).reshape(2, 3)

@@ -3,13 +3,20 @@
 `from_dlpack` remembers each producer type and deleter address, `asarray` the protocol of each
 type. What those tables are keyed by comes from outside (a producer may make types or deleters on
 the fly), so each table is bounded: emptied when full, then refilled by the calls that follow.
+
+A per-type table keeps no type alive (`TypeTable`): it is keyed by the type's ``id``, and a weak
+reference to the type removes the entry when the type dies, before its ``id`` can be reused. A
+class made on the fly, and whatever its methods reach (a tensor over a bytearray, which then
+cannot be resized), goes as soon as nothing else holds it, whatever the table holds.
 """
 
 from __future__ import annotations
 
-from typing import Final, TypeVar
+import functools
+import weakref
+from typing import Final, Generic, TypeVar
 
-__all__ = ["remember"]
+__all__ = ["TypeTable", "remember", "remember_type"]
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -21,5 +28,43 @@ def remember(table: dict[_K, _V], key: _K, value: _V) -> _V:
     """Store ``value`` in a bounded lookup table (emptied when full) and return it."""
     if len(table) >= REMEMBER_MAX:
         table.clear()
+    table[key] = value
+    return value
+
+
+class TypeTable(dict[int, _V], Generic[_V]):
+    """A bounded table of per-type values, keyed by ``id(cls)``, that holds no type.
+
+    Look a type up with ``table.get(id(cls))`` (a dict's own ``get``: no Python call on the hot
+    path); store with `remember_type`. The caller holds an instance of ``cls`` while it looks up,
+    so ``cls`` is alive, and an entry under its ``id`` can only be its own: a dead type's entry is
+    removed by its weak reference's callback, which runs before the type's memory is freed.
+    """
+
+    __slots__ = ("watches",)
+
+    def __init__(self, seed: dict[type, _V] | None = None) -> None:
+        """A table; ``seed`` holds types that live as long as the interpreter (built-ins)."""
+        super().__init__((id(cls), value) for cls, value in (seed or {}).items())
+        self.watches: dict[int, weakref.ref[type]] = {}
+
+    def forget(self, key: int, watch: weakref.ref[type]) -> None:
+        """A watched type died: drop its entry (unless a newer watch under ``key`` replaced it)."""
+        if self.watches.get(key) is watch:
+            self.watches.pop(key, None)  # pop: a `clear` on another thread may have emptied both
+            self.pop(key, None)
+
+    def clear(self) -> None:
+        """Empty the table, and its watches with it (a dropped watch never calls back)."""
+        super().clear()
+        self.watches.clear()
+
+
+def remember_type(table: TypeTable[_V], cls: type, value: _V) -> _V:
+    """Store ``value`` for ``cls`` in a bounded `TypeTable` (emptied when full) and return it."""
+    if len(table) >= REMEMBER_MAX:
+        table.clear()
+    key = id(cls)
+    table.watches[key] = weakref.ref(cls, functools.partial(table.forget, key))
     table[key] = value
     return value

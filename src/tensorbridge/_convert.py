@@ -44,7 +44,7 @@ from typing import Any, Final
 from . import _capi, _creation, _dlpack, _interfaces, _layout, _tensor
 from ._args import as_copy, as_int
 from ._buffer import import_buffer, import_ndarray
-from ._cache import remember
+from ._cache import TypeTable, remember_type
 from ._device import Device, as_device
 from ._dtype import DType, as_dtype
 from ._errors import release_frames, short_repr
@@ -83,13 +83,16 @@ _METHOD_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _NDARRAY, _DLPACK})
 # The path of each type whose instances all take the same one, and the attribute `_import` then
 # reads: `asarray` probes a type once, as `from_dlpack` does. Seeded with the built-in types
 # (`_probe` gives the same answers when the bounded table was emptied).
-_PATHS_BY_TYPE: Final[dict[type, tuple[str, str | None]]] = {
-    **dict.fromkeys((list, tuple), (_SEQUENCE, None)),
-    **dict.fromkeys((bool, int, float, complex), (_SCALAR, None)),
-    **dict.fromkeys((bytes, bytearray, memoryview), (_BUFFER, None)),
-    Tensor: (_TENSOR, None),
-    _capi.CapsuleType: (_CAPSULE, None),
-}
+# Keyed by ``id(cls)`` and holding no type (`_cache.TypeTable`).
+_PATHS_BY_TYPE: Final[TypeTable[tuple[str, str | None]]] = TypeTable(
+    {
+        **dict.fromkeys((list, tuple), (_SEQUENCE, None)),
+        **dict.fromkeys((bool, int, float, complex), (_SCALAR, None)),
+        **dict.fromkeys((bytes, bytearray, memoryview), (_BUFFER, None)),
+        Tensor: (_TENSOR, None),
+        _capi.CapsuleType: (_CAPSULE, None),
+    }
+)
 # The table's ``get``, bound once: looking a method up costs each call as much as calling it.
 _known_path: Final = _PATHS_BY_TYPE.get
 
@@ -100,7 +103,7 @@ def _dispatch(obj: Any) -> tuple[str, Any]:
     One table lookup for a type seen before (an interface property is then read once, its value
     handed on); `_probe` for the others.
     """
-    known = _known_path(type(obj))
+    known = _known_path(id(type(obj)))
     if known is not None:
         path, attribute = known
         if attribute is None:
@@ -134,7 +137,7 @@ def _probe(obj: Any) -> tuple[str, Any]:
         if path is _DLPACK and _is_ndarray(cls):
             path = _NDARRAY
     if _type_decides(cls, path, attribute):
-        remember(_PATHS_BY_TYPE, cls, (path, attribute if path in _VALUE_PATHS else None))
+        remember_type(_PATHS_BY_TYPE, cls, (path, attribute if path in _VALUE_PATHS else None))
     return path, value
 
 

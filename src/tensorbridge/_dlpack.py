@@ -39,7 +39,7 @@ from typing import Any, Final
 
 from . import _capi, _native
 from ._args import GRAD_MSG_EXPORT, as_copy
-from ._cache import remember
+from ._cache import TypeTable, remember, remember_type
 from ._device import ADDRESSABLE_TYPES, CPU, HOST_TYPES, Device, DLDeviceType
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -159,7 +159,7 @@ def _from_dlpack(ext_tensor: Any) -> Tensor:
         return _alias(ext_tensor)
     immutable = False
     if cls is not _CapsuleType:
-        producer = _producer_of(cls) or _producer(cls)
+        producer = _producer_of(id(cls)) or _producer(cls)
         if producer.exchange is not None:
             t = _exchange_import(producer, ext_tensor)
             if t is not None:
@@ -258,12 +258,14 @@ class _Producer:
         self.screen = torch.strided if torch is not None and cls is torch.Tensor else None
 
 
-_PRODUCERS: dict[type, _Producer] = {}
+# Keyed by ``id(cls)`` and holding no type (`_cache.TypeTable`): a producer class made on the fly
+# goes when nothing else holds it.
+_PRODUCERS: TypeTable[_Producer] = TypeTable()
 _producer_of: Final = _PRODUCERS.get
 
 
 def _producer(cls: type) -> _Producer:
-    return remember(_PRODUCERS, cls, _Producer(cls))
+    return remember_type(_PRODUCERS, cls, _Producer(cls))
 
 
 def _exchange_import(producer: _Producer, obj: Any) -> Tensor | None:
@@ -706,7 +708,8 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
     """``from_dlpack`` with a ``device`` and/or ``copy`` request (the array API semantics)."""
     if type(ext_tensor) is _CapsuleType:
         return _from_capsule_with(ext_tensor, target, copy)
-    producer = _producer_of(type(ext_tensor)) or _producer(type(ext_tensor))
+    cls = type(ext_tensor)
+    producer = _producer_of(id(cls)) or _producer(cls)
     capsule = _request(ext_tensor, producer, target, copy)
     try:
         t = _consume(capsule, producer.immutable)

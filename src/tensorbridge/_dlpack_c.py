@@ -11,7 +11,7 @@ import struct
 from typing import Any, Final
 
 from . import _capi, _native
-from ._cache import remember
+from ._cache import TypeTable, remember_type
 from ._capi import MEMORY, MEMORY_BASE, MEMORY_COVERS_ALL
 from ._dlpack_abi import (
     DLPACK_MAJOR_VERSION,
@@ -142,12 +142,12 @@ def exchange_api(cls: type) -> ExchangeAPI | None:
     return ExchangeAPI(_native.ManagedFromPy(from_py), _ToPyObject(to_py))
 
 
-_EXCHANGE_APIS: dict[type, ExchangeAPI | None] = {}
+_EXCHANGE_APIS: TypeTable[ExchangeAPI | None] = TypeTable()
 
 
 def exchange_api_of(cls: type) -> ExchangeAPI | None:
     """`exchange_api`, looked up once per type (a bounded table)."""
     try:
-        return _EXCHANGE_APIS[cls]
+        return _EXCHANGE_APIS[id(cls)]
     except KeyError:
-        return remember(_EXCHANGE_APIS, cls, exchange_api(cls))
+        return remember_type(_EXCHANGE_APIS, cls, exchange_api(cls))

@@ -205,6 +205,7 @@ def _shape_of(value: object, api: str, name: str) -> tuple[int, ...]:
             f"be at most {_layout.MAX_NDIM} dimensions."
         )
         raise ValueError(msg)
+    _layout.check_sizes(shape, api, f"{name} shape")
     return shape
 
 
@@ -225,6 +226,7 @@ def _strides_of(
             f"{list(strides)} and shape {list(shape)}."
         )
         raise ValueError(msg)
+    _layout.check_sizes((), api, strides=strides)
     elements = _layout.element_strides(shape, strides, itemsize)
     if elements is None:
         # As NumPy's DLPack export: "DLPack only supports strides which are a multiple of itemsize."

@@ -15,6 +15,8 @@ __all__ = [
     "Size",
     "as_shape",
     "broadcast_shapes",
+    "check_int64",
+    "check_sizes",
     "contiguous_strides",
     "element_strides",
     "extent",
@@ -26,6 +28,11 @@ __all__ = [
 
 # DLPack and NumPy both cap dimensions at 64; nothing larger is representable downstream.
 MAX_NDIM: Final = 64
+
+# The one limit on sizes: DLPack, PyTorch and NumPy hold sizes, strides and element counts in int64
+# (NumPy's npy_intp), so nothing larger can be exported, and a size past it is a lie (or a request
+# no machine can serve). Every door where a size enters checks it with `check_sizes`.
+MAX_SIZE: Final = (1 << 63) - 1
 
 
 class Size(tuple[int, ...]):
@@ -64,7 +71,51 @@ def as_shape(
     if len(shape) > MAX_NDIM:
         msg = f"{api}(): at most {MAX_NDIM} dimensions are supported; got {len(shape)}."
         raise ValueError(msg)
+    check_sizes(shape, api, "size", None)
     return shape
+
+
+def check_int64(value: int, api: str, what: str, error: type[Exception] = TypeError) -> int:
+    """``value`` when it fits int64 (a size, stride or offset); else ``error`` (PyTorch's type and
+    words for an argument it cannot unpack)."""
+    if -MAX_SIZE - 1 <= value <= MAX_SIZE:
+        return value
+    msg = (
+        f"{api}(): Overflow when unpacking long long: {what} {value} lies outside int64 "
+        f"[-2**63, 2**63 - 1], the range DLPack, PyTorch and NumPy hold sizes, strides and offsets in."
+    )
+    raise error(msg)
+
+
+def check_sizes(
+    shape: Sequence[int],
+    api: str,
+    what: str = "shape",
+    error: type[Exception] | None = ValueError,
+    strides: Sequence[int] = (),
+) -> None:
+    """Raise unless every size and stride, and the product of the positive sizes, fit int64.
+
+    The product leaves zeros out, so a size-0 tensor's other sizes are bounded too: ``(0, 2**64 - 1)``
+    is refused (PyTorch cannot unpack the size; NumPy's shape cannot hold it). Negative sizes are
+    each door's to refuse in its own words (a view's -1 passes here). ``error`` is the type raised;
+    None (constructors and views) gives PyTorch's: TypeError for a value it cannot unpack,
+    RuntimeError for sizes that multiply past int64. Headers and pickles keep ValueError.
+    """
+    count = 1
+    for size in shape:
+        check_int64(size, api, f"{what} {list(shape)} has size", error or TypeError)
+        if size > 0:
+            count *= size
+    if count > MAX_SIZE:
+        msg = (
+            f"{api}(): numel: integer multiplication overflow: {what} {list(shape)} holds more than "
+            f"2**63 - 1 elements (its sizes, zeros aside, multiply past int64, the count DLPack, "
+            f"PyTorch and NumPy hold)."
+        )
+        raise (error or RuntimeError)(msg)
+    for stride in strides:
+        check_int64(stride, api, f"strides {list(strides)} have stride", error or TypeError)
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -253,6 +304,7 @@ def expand_strides(
             f"number of dimensions in the tensor ({len(shape)})"
         )
         raise RuntimeError(msg)
+    check_sizes(target, api, "size", None)
     lead = len(target) - len(shape)
     out = [0] * len(target)
     # Right to left, as PyTorch infers the geometry: a new leading dimension is a size-1 dimension

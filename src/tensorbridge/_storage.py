@@ -31,7 +31,7 @@ from typing import Any, Final, NamedTuple
 
 from . import _capi
 from ._device import CPU, Device
-from ._layout import extent
+from ._layout import check_int64, check_sizes, extent
 from ._native import acquire_buffer
 
 __all__ = ["ALIGNMENT", "Storage", "allocate"]
@@ -287,6 +287,8 @@ def check_view(
     if offset < 0:
         msg = f"{api}(): invalid storage offset {offset}; the storage offset must be non-negative."
         raise ValueError(msg)
+    check_int64(offset, api, "storage offset", ValueError)
+    check_sizes(shape, api, strides=strides)
     span = extent(offset, shape, strides)
     if span is None:
         return

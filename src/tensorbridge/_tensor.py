@@ -943,7 +943,7 @@ def _layout_args(args: Sequence[Any], api: str) -> tuple[int, ...]:
         if isinstance(a, builtins.bool) or not hasattr(a, "__index__"):
             msg = f"{api}(): sizes must be ints; got {a!r} ({type(a).__name__})."
             raise TypeError(msg)
-        out.append(a.__index__())
+        out.append(_layout.check_int64(a.__index__(), api, "size or stride"))
     return tuple(out)
 
 
@@ -962,9 +962,15 @@ def _nest(values: list[Any], shape: Sequence[int]) -> Any:
 
 
 def _empty_nest(shape: Sequence[int]) -> Any:
+    """Lists nested as a size-0 ``shape`` says, each list made at its full length first: a length
+    no list can hold is a MemoryError at once, as in PyTorch's ``tolist`` (``PyList_New``)."""
     if len(shape) == 1:
         return []
-    return [_empty_nest(shape[1:]) for _ in range(shape[0])]
+    out: list[Any] = [None] * shape[0]
+    inner = shape[1:]
+    for i in range(shape[0]):
+        out[i] = _empty_nest(inner)
+    return out
 
 
 def _broadcast_values(
