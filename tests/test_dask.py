@@ -313,3 +313,81 @@ def test_local_cluster(tmp_path):
         assert found["arrived"] == [[name, 16 << 20, True, readonly]] * 3, case
         assert found["on_worker"] == [True, "dask", 1, True], case
         assert found["forwarded"] == ["dask", [16 << 20], [found["expected"]]], case
+
+
+def _header(**changes):
+    header = {
+        "dtype": "float32",
+        "shape": [2],
+        "strides": [1],
+        "offset": 0,
+        "readonly": False,
+        "requires_grad": False,
+    }
+    header.update(changes)
+    return header
+
+
+# Headers `serialize` never writes, as ``distributed`` could deliver them (msgpack: lists, ints of
+# any size), with the error and what it says.
+_BAD_HEADERS = [
+    ("shape 2**64", _header(shape=[2**64]), [None], ValueError, "2**63 - 1"),
+    (
+        "shape (0, 2**70)",
+        _header(shape=[0, 2**70], strides=[1, 1]),
+        [None],
+        ValueError,
+        "2**63 - 1",
+    ),
+    (
+        "elements past int64",
+        _header(shape=[2**62, 4], strides=[4, 1]),
+        [None],
+        ValueError,
+        "holds more than 2**63 - 1 elements",
+    ),
+    ("stride -2**63", _header(strides=[-(2**63)]), [None], ValueError, "past int64"),
+    ("offset 2**63", _header(offset=2**63), [None], ValueError, "0 to 2**63 - 1"),
+    ("negative offset", _header(offset=-1), [None], ValueError, "0 to 2**63 - 1; got -1"),
+    ("shape not a list", _header(shape=2), [None], TypeError, "shape must be a tuple of ints"),
+    (
+        "missing key",
+        {"dtype": "float32", "shape": [2]},
+        [bytearray(8)],
+        ValueError,
+        "dask_deserialize(): a tensor's header lacks ['strides', 'offset', 'readonly', "
+        "'requires_grad']",
+    ),
+    (
+        "two frames",
+        _header(),
+        [bytearray(8), bytearray(8)],
+        ValueError,
+        "dask_deserialize(): a tensor travels as exactly one frame",
+    ),
+    ("no frame", _header(), [], ValueError, "dask_deserialize(): a tensor travels as exactly one"),
+    (
+        "header a list",
+        ["float32", [2]],
+        [bytearray(8)],
+        TypeError,
+        "dask_deserialize(): a tensor's header must be a dict; got ['float32', [2]] (list).",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("header", "frames", "error", "words"),
+    [case[1:] for case in _BAD_HEADERS],
+    ids=[case[0] for case in _BAD_HEADERS],
+)
+def test_a_header_past_int64_or_malformed_is_refused_before_the_frame(header, frames, error, words):
+    """deserialize() checks the header as a pickle's metadata (sizes, strides and offset within
+    int64; `_layout.check_sizes` for the shape) before it touches the frame (here None where the
+    header alone is wrong); a header with keys missing, or other than one frame, is refused too."""
+    from tensorbridge import _dask
+
+    with pytest.raises(error) as info:
+        _dask.deserialize(header, frames)
+    assert words in str(info.value), str(info.value)
+    assert _dask.deserialize(_header(), [bytearray(8)]).tolist() == [0.0, 0.0]  # a good one

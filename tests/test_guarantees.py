@@ -567,3 +567,146 @@ def test_memory_is_released_exactly_once_when_the_last_view_dies(owner: str, ord
     gc.collect()
     assert not alive()
     assert testing.stats()["stray"] == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# 11. A size check and the memory it checks come from one buffer export, held from check to use.
+
+
+@crafted.isolated
+def test_a_size_check_and_its_memory_come_from_one_export() -> None:
+    """safetensors.load() checks the header against the buffer export its tensors view: while they
+    live the bytearray cannot shrink under them, and once they die it can."""
+    from tensorbridge import safetensors
+
+    data = bytearray(safetensors.save({"x": tb.arange(64, dtype=tb.uint8)}))
+    loaded = safetensors.load(data)
+    x = loaded["x"]
+    with pytest.raises(BufferError):
+        del data[16:]
+    assert x.tolist() == list(range(64))
+    del loaded, x
+    gc.collect()
+    del data[16:]
+    assert len(data) == 16
+
+
+# --------------------------------------------------------------------------------------------------
+# 12. A shared-memory name is unlinked only by the process that made it, or by one that received it
+#     as a per-pickle link it proved one; a refused pickle leaves every name as it found it.
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a name per pickle needs /dev/shm")
+@crafted.isolated
+def test_a_shared_memory_name_is_unlinked_only_by_its_maker_or_a_proved_receiver() -> None:
+    """A pickle naming a segment's first name is refused, and the name stays; the genuine pickle's
+    link is taken over and unlinked with its tensor, the first name staying with its owner."""
+    import os
+    import pickle
+
+    from tensorbridge import _shared, _tensor
+
+    t = tb.arange(8, dtype=tb.int32).share_memory_()
+    first = t._storage.owner.name
+    link, *layout = _shared.process_args(t)
+    names = lambda: sorted(n for n in os.listdir("/dev/shm") if n.partition(".")[0] == first)  # noqa: E731
+
+    class Sent:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __reduce__(self) -> Any:
+            return _tensor._rebuild_shared, (self.name, *layout)
+
+    assert names() == sorted([first, link])
+    with pytest.raises(ValueError, match=r"pickle\.loads\(\)"):
+        pickle.loads(pickle.dumps(Sent(first)))
+    gc.collect()
+    assert names() == sorted([first, link])
+    received = pickle.loads(pickle.dumps(Sent(link)))
+    received[0] = 7
+    assert t[0].item() == 7
+    del received
+    gc.collect()
+    assert names() == [first]
+
+
+# --------------------------------------------------------------------------------------------------
+# 13. Per-type tables keep nothing alive.
+
+
+@crafted.isolated
+def test_per_type_tables_keep_no_type_alive() -> None:
+    """A producer class made on the fly and passed to from_dlpack and asarray dies with its last
+    instance: no table of tensorbridge's keeps it (or what its methods reach) alive."""
+    source = tb.arange(4, dtype=tb.float32)
+
+    def once() -> weakref.ref[type]:
+        class Producer:
+            def __dlpack__(self, **kwargs: Any) -> Any:
+                return source.__dlpack__(**kwargs)
+
+            def __dlpack_device__(self) -> Any:
+                return source.__dlpack_device__()
+
+        assert tb.from_dlpack(Producer()).tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert tb.asarray(Producer()).tolist() == [0.0, 1.0, 2.0, 3.0]
+        return weakref.ref(Producer)
+
+    dead = [once() for _ in range(3)]
+    gc.collect()
+    assert [ref() for ref in dead] == [None, None, None]
+
+
+# --------------------------------------------------------------------------------------------------
+# 14. One dimension limit, int64, wherever a size enters.
+
+
+@crafted.isolated
+def test_one_int64_limit_wherever_a_size_enters() -> None:
+    """Sizes past int64, and sizes (zeros aside) that multiply past it, are refused by constructors,
+    views, headers and pickles alike; the largest int64 size is accepted where memory allows."""
+    from tensorbridge import safetensors
+
+    with pytest.raises(TypeError, match="Overflow when unpacking long long"):
+        tb.zeros(0, 2**64)
+    with pytest.raises(RuntimeError):
+        tb.empty(2**62, 4)
+    with pytest.raises(TypeError, match="Overflow when unpacking long long"):
+        tb.zeros(4).view(2**64)
+    header = b'{"x":{"dtype":"U8","shape":[0,18446744073709551615],"data_offsets":[0,0]}}'
+    with pytest.raises(ValueError, match="int64"):
+        safetensors.load(len(header).to_bytes(8, "little") + header)
+    assert tb.empty(0, 2**63 - 1).shape == (0, 2**63 - 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# 15. A mapped file promises what mmap promises; a copying load is one argument away.
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="truncation semantics of Linux")
+def test_a_copying_load_survives_truncation(tmp_path: Any, subprocess_run: Any) -> None:
+    """copy=True (load_file, safe_open, from_file) and load_npy(mode=None) read the file once, so
+    their tensors keep their values after the file is truncated to nothing."""
+    from tensorbridge import safetensors
+
+    st, raw, npy = tmp_path / "w.safetensors", tmp_path / "w.bin", tmp_path / "w.npy"
+    t = tb.arange(256, dtype=tb.int32)
+    safetensors.save_file({"x": t}, st)
+    raw.write_bytes(bytes(t.as_memoryview()))
+    tb.save_npy(npy, t)
+    program = f"""
+import os, tensorbridge as tb
+from tensorbridge import safetensors
+got = [safetensors.load_file({str(st)!r}, copy=True)["x"],
+       tb.from_file({str(raw)!r}, size=256, dtype=tb.int32, copy=True)]
+with safetensors.safe_open({str(st)!r}, "tb", copy=True) as f:
+    got.append(f.get_tensor("x"))
+got.append(tb.load_npy({str(npy)!r}, mode=None))
+for p in ({str(st)!r}, {str(raw)!r}, {str(npy)!r}):
+    os.truncate(p, 0)
+assert [g.tolist() for g in got] == [list(range(256))] * 4
+print("ok")
+"""
+    proc = subprocess_run(program)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", "")

@@ -26,7 +26,12 @@ CASES = [
     ("zeros(0, 2**64 - 1)", lambda m: m.zeros(0, 2**64 - 1), TypeError, "Overflow when unpacking"),
     ("empty((2**70,))", lambda m: m.empty((2**70,)), TypeError, "Overflow when unpacking"),
     ("ones(2**62, 4)", lambda m: m.ones(HALF, 4), RuntimeError, None),
-    ("full((0, 2**64), 1.0)", lambda m: m.full((0, 2**64), 1.0), TypeError, "Overflow when unpacking"),
+    (
+        "full((0, 2**64), 1.0)",
+        lambda m: m.full((0, 2**64), 1.0),
+        TypeError,
+        "Overflow when unpacking",
+    ),
     (
         "as_strided size",
         lambda m: m.zeros(1).as_strided((BIG,), (0,)),
@@ -39,7 +44,12 @@ CASES = [
         TypeError,
         "Overflow when unpacking long long",
     ),
-    ("view(2**64)", lambda m: m.zeros(1).view(2**64), TypeError, "Overflow when unpacking long long"),
+    (
+        "view(2**64)",
+        lambda m: m.zeros(1).view(2**64),
+        TypeError,
+        "Overflow when unpacking long long",
+    ),
     ("reshape(-1, 2**63)", lambda m: m.zeros(0).reshape(-1, BIG), TypeError, "Overflow"),
     (
         "expand(2**62, 4)",

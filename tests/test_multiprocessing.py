@@ -342,3 +342,95 @@ def test_a_segment_freed_inside_the_resource_tracker_is_unlinked_without_a_warni
     # No "called reentrantly" warning in this process, no "leaked" report from the tracker.
     assert result.stderr == ""
     assert _left_in_dev_shm({got["name"]}) == []
+
+
+# A worker sent pickles that name the owner's first name (as pickles carried before per-pickle
+# links), or that name with a NUL byte after it (which the system would read as the first name),
+# refuses them before opening anything; so the owner, which needs its first name to make each
+# pickle's link, can send its tensor to the same worker after each. Had the worker taken a first
+# name over, it would have unlinked it with its tensor, and the owner's next send would fail.
+_FORGED = """
+import gc
+import json
+import multiprocessing
+import os
+import pickle
+
+import tensorbridge as tb
+from tensorbridge import _shared, _tensor
+
+
+class Forged:
+    def __init__(self, args):
+        self.args = args
+
+    def __reduce__(self):
+        return _tensor._rebuild_shared, self.args
+
+
+def receive(inbox, outbox, n):
+    for _ in range(n):
+        try:
+            t = inbox.get(timeout=20)
+        except Exception as exc:
+            outbox.put(f"{type(exc).__name__}: {exc}")
+        else:
+            t[0] = t[0].item() + 1
+            got = "received " + t._storage.owner.name.partition(".")[0]
+            del t
+            gc.collect()  # the name this worker took over goes now, before it answers
+            outbox.put(got)
+
+
+def names(first):
+    return sorted(n for n in os.listdir("/dev/shm") if n.partition(".")[0] == first)
+
+
+def main():
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    t = tb.zeros(4, dtype=tb.int64).share_memory_()
+    first = t._storage.owner.name
+    genuine = _shared.process_args(t)  # a genuine pickle's link; the forged ones copy its layout
+    forged = [first, first + "\\x00x"]
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    worker = ctx.Process(target=receive, args=(inbox, outbox, 2 * len(forged)))
+    worker.start()
+    seen = []
+    for name in forged:
+        before = names(first)
+        inbox.put(Forged((name, *genuine[1:])))
+        refused = outbox.get(timeout=20)
+        after = names(first)
+        inbox.put(t)  # the owner sends its tensor: a new link, made from its first name
+        seen.append([refused, before == after == sorted([first, genuine[0]]), outbox.get(timeout=20)])
+    worker.join(20)
+    pickle.loads(pickle.dumps(Forged(genuine)))  # the genuine link is taken over here, and goes
+    gc.collect()
+    inbox.close()
+    outbox.close()
+    print("RESULT " + json.dumps({"first": first, "seen": seen, "values": t.tolist(),
+                                  "exitcode": worker.exitcode, "left": names(first)}))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@linux_only
+def test_a_worker_refuses_a_first_name_and_the_owner_sends_on(tmp_path):
+    """A worker refuses pickles naming the owner's first name (or it and a NUL byte) and touches
+    no name; the owner then sends its tensor to that worker, which writes into it."""
+    result, got = run_script_for_result(_FORGED, tmp_path, timeout=120)
+    first = got["first"]
+    assert len(got["seen"]) == 2
+    for (refused, untouched, received), name in zip(got["seen"], [first, first + "\x00x"]):
+        assert refused.startswith(f"ValueError: pickle.loads(): the shared-memory name {name!r} ")
+        assert refused.endswith("pickle the tensor again.")
+        assert untouched  # the names in /dev/shm before the refusal and after it
+        assert received == f"received {first}"
+    assert got["values"] == [2, 0, 0, 0]  # both sends reached the worker, which wrote into them
+    assert got["exitcode"] == 0
+    assert got["left"] == [first]  # its links went with the worker's tensors and the parent's
+    assert result.stderr == ""  # no traceback from a send, no leaked name for the tracker

@@ -211,7 +211,7 @@ HOSTILE = {
     ),
     "huge shape": (
         _npy(b"{'descr': '<f8', 'fortran_order': False, 'shape': (%d, %d)}" % (2**62, 2**62)),
-        "data needs",
+        r"2\*\*63 - 1",
     ),
     "too many dims": (
         _npy(b"{'descr': '<u1', 'fortran_order': False, 'shape': (" + b"1," * 65 + b")}", b"a"),

@@ -367,6 +367,14 @@ _BAD_VALUES = [
     ("shape", (1,) * 65, "a pickled tensor has 65 dimensions; at most 64 are supported"),
     ("shape", (2, 3), "a pickled tensor's strides [1] do not match its shape [2, 3]"),
     ("strides", (1, 1), "a pickled tensor's strides [1, 1] do not match its shape [6]"),
+    (
+        "strides",
+        (-(2**63),),
+        f"a pickled tensor's strides [{-(2**63)}] hold {-(2**63)}, past int64: a stride is at "
+        f"most 2**63 - 1 elements either way",
+    ),
+    ("offset", -1, "a pickled tensor's storage offset must be 0 to 2**63 - 1; got -1"),
+    ("offset", 2**63, f"a pickled tensor's storage offset must be 0 to 2**63 - 1; got {2**63}"),
 ]
 
 
@@ -413,6 +421,51 @@ def test_pickled_numpy_and_int_subclass_integers_are_taken_as_ints():
     u = pickle.loads(data)
     assert u.tolist() == t.reshape(2, 6).tolist()
     assert [type(v) for v in (*u.shape, *u.stride(), u.storage_offset())] == [int] * 5
+
+
+# Layouts past int64 (the shape by `_layout.check_sizes`, the one rule for sizes that enter from
+# outside; strides and offsets by magnitude), each with what the message says.
+_PAST_INT64 = [
+    ((2**64,), (1,), 0, "2**63 - 1"),
+    ((0, 2**70), (1, 1), 0, "2**63 - 1"),  # no element, but no size past int64 either
+    ((2**62, 4), (4, 1), 0, "holds more than 2**63 - 1 elements"),
+    ((1,), (2**63,), 0, f"strides [{2**63}] hold {2**63}, past int64"),
+    ((1,), (-(2**63),), 0, f"strides [{-(2**63)}] hold {-(2**63)}, past int64"),
+    ((0,), (1,), 2**63, f"storage offset must be 0 to 2**63 - 1; got {2**63}"),
+    ((0,), (1,), -1, "storage offset must be 0 to 2**63 - 1; got -1"),
+]
+
+
+@pytest.mark.parametrize("rebuild", [_tensor._rebuild_tensor, _tensor._rebuild_from_buffer])
+@pytest.mark.parametrize(("shape", "strides", "offset", "words"), _PAST_INT64)
+def test_layouts_past_int64_are_refused_before_the_data_is_used(
+    rebuild, shape, strides, offset, words
+):
+    """Every size, their product, each stride's magnitude and the offset fit int64 (the offset is
+    not negative): checked with the rest of what the pickle says, before its data is looked at
+    (here None, which would be refused too)."""
+    with pytest.raises(ValueError) as info:
+        rebuild(None, "float32", shape, strides, offset, False, False)
+    text = str(info.value)
+    assert text.startswith("pickle.loads(): ") and words in text, text
+    assert text.endswith(_REPICKLE)
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+@pytest.mark.parametrize(
+    "data",
+    [None, 5, "abcd", [1, 2], memoryview(bytearray(16))[::2]],
+    ids=["None", "int", "str", "list", "strided"],
+)
+def test_pickled_data_that_is_not_memory_is_refused(data, readonly):
+    """Protocols 0 to 4: the data must export C-contiguous memory, refused in a pickle's words
+    (as protocol 5's buffers are), for a writable tensor and a read-only one."""
+    with pytest.raises(BufferError) as info:
+        _tensor._rebuild_tensor(data, "uint8", (0,), (1,), 0, readonly, False)
+    text = str(info.value)
+    prefix = "pickle.loads(): a tensor's data must export C-contiguous memory; got "
+    assert text.startswith(f"{prefix}{type(data).__name__} ("), text
+    assert text.endswith(_REPICKLE)
 
 
 # -------------------------------------------------------------------------------------------------

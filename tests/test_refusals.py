@@ -243,7 +243,7 @@ def test_a_refused_bytearray_can_be_resized_while_the_error_lives():
 # -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stride", [-(2**63), 2**63, 2**70, -(2**70)])
+@pytest.mark.parametrize("stride", [-(2**63), 2**63 - 1, -1, 2**40])
 def test_a_size_one_dimension_exports_whatever_its_stride(stride):
     np = pytest.importorskip("numpy")
     t = tb.arange(3, dtype=tb.int64).as_strided((1,), (stride,), 1)
@@ -255,6 +255,14 @@ def test_a_size_one_dimension_exports_whatever_its_stride(stride):
     assert a.__array_interface__["data"][0] == t.data_ptr()  # shared, not copied
     m = tb.arange(8, dtype=tb.int32).as_strided((1, 4), (stride, 1), 2)
     assert np.from_dlpack(m).tolist() == [[2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("stride", [2**63, -(2**63) - 1, 2**70, -(2**70)])
+def test_a_stride_past_int64_is_refused_as_pytorch_refuses_it(stride):
+    # A DLPack stride is an int64_t: PyTorch's as_strided cannot unpack such a value (TypeError).
+    t = tb.arange(3, dtype=tb.int64)
+    with pytest.raises(TypeError, match="Overflow when unpacking long long"):
+        t.as_strided((1,), (stride,), 1)
 
 
 def test_a_capsule_with_an_int64_min_unit_stride_imports_and_exports_again(crafted):

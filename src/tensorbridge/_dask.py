@@ -32,12 +32,15 @@ from __future__ import annotations
 import sys
 from typing import Any, Final
 
+from ._errors import short_repr
 from ._pickle import reduce_args
 from ._tensor import Tensor, _rebuild_from_buffer
 
 __all__ = ["deserialize", "register", "serialize", "sizeof_tensor"]
 
 _SERIALIZE_MODULE: Final = "distributed.protocol.serialize"
+# The keys `serialize` writes in a header, each of which `deserialize` needs.
+_HEADER_KEYS: Final = ("dtype", "shape", "strides", "offset", "readonly", "requires_grad")
 
 
 def sizeof_tensor(t: Tensor) -> int:
@@ -72,17 +75,45 @@ def serialize(t: Tensor) -> tuple[dict[str, Any], list[memoryview]]:
     return header, [payload.raw()]
 
 
-def deserialize(header: dict[str, Any], frames: list[Any]) -> Tensor:
+def deserialize(header: Any, frames: Any) -> Tensor:
     """``dask_deserialize`` for tensors: a tensor over the received frame, never a copy.
 
     Read-only when the frame is read-only or the tensor was sent read-only; writable otherwise.
+    ``header`` is the dict `serialize` wrote, ``frames`` its list of one frame (typed ``Any``: what
+    arrives is checked). The header is checked as a pickle's metadata is (`_pickle.checked_layout`: types, a known
+    dtype, every size, stride and offset within int64) before the frame is touched.
+
+    Raises:
+        TypeError: the header is not a dict, or a value in it of the wrong type.
+        ValueError: a header `serialize` did not write (a missing key, other than one frame, a
+            value out of range).
     """
-    (frame,) = frames
+    if not isinstance(header, dict):
+        msg = (
+            f"dask_deserialize(): a tensor's header must be a dict; got {short_repr(header)} "
+            f"({type(header).__name__}). Pass the header tensorbridge's dask_serialize wrote."
+        )
+        raise TypeError(msg)
+    missing = [key for key in _HEADER_KEYS if key not in header]
+    if missing:
+        msg = (
+            f"dask_deserialize(): a tensor's header lacks {missing}; got the keys "
+            f"{short_repr(sorted(map(str, header)))}. Pass the header tensorbridge's "
+            f"dask_serialize wrote."
+        )
+        raise ValueError(msg)
+    if not isinstance(frames, (list, tuple)) or len(frames) != 1:
+        msg = (
+            f"dask_deserialize(): a tensor travels as exactly one frame; got "
+            f"{short_repr(frames)} ({type(frames).__name__}). Pass the frames dask_serialize "
+            f"wrote."
+        )
+        raise ValueError(msg)
     return _rebuild_from_buffer(
-        frame,
+        frames[0],
         header["dtype"],
-        tuple(header["shape"]),
-        tuple(header["strides"]),
+        header["shape"],  # a list from msgpack; checked as a pickle's tuple is
+        header["strides"],
         header["offset"],
         header["readonly"],
         header["requires_grad"],

@@ -53,7 +53,8 @@ def as_shape(
 ) -> tuple[int, ...]:
     """Accept ``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` as PyTorch does; sizes must be >= 0.
 
-    A negative size raises ``negative`` (creation functions pass RuntimeError, PyTorch's type).
+    A negative size, and sizes that multiply past int64, raise ``negative`` (creation functions
+    pass RuntimeError, PyTorch's type); a size past int64 is PyTorch's TypeError.
     """
     if len(args) == 1 and not isinstance(args[0], SupportsIndex):
         if not isinstance(args[0], Iterable):
@@ -71,7 +72,7 @@ def as_shape(
     if len(shape) > MAX_NDIM:
         msg = f"{api}(): at most {MAX_NDIM} dimensions are supported; got {len(shape)}."
         raise ValueError(msg)
-    check_sizes(shape, api, "size", None)
+    check_sizes(shape, api, "size", negative, unpack=TypeError)
     return shape
 
 
@@ -91,31 +92,35 @@ def check_sizes(
     shape: Sequence[int],
     api: str,
     what: str = "shape",
-    error: type[Exception] | None = ValueError,
+    error: type[Exception] = ValueError,
     strides: Sequence[int] = (),
+    unpack: type[Exception] | None = None,
 ) -> None:
     """Raise unless every size and stride, and the product of the positive sizes, fit int64.
 
     The product leaves zeros out, so a size-0 tensor's other sizes are bounded too: ``(0, 2**64 - 1)``
     is refused (PyTorch cannot unpack the size; NumPy's shape cannot hold it). Negative sizes are
-    each door's to refuse in its own words (a view's -1 passes here). ``error`` is the type raised;
-    None (constructors and views) gives PyTorch's: TypeError for a value it cannot unpack,
-    RuntimeError for sizes that multiply past int64. Headers and pickles keep ValueError.
+    each door's to refuse in its own words (a view's -1 passes here). ``error`` is the type raised,
+    ``unpack`` (default ``error``) the type for one value past int64: constructors and views pass
+    TypeError, PyTorch's for an argument it cannot unpack. Sizes that multiply past int64 are a
+    request larger than any memory: ValueError, as tensorbridge refuses every layout larger than
+    its memory (creation functions pass RuntimeError, PyTorch's "Storage size calculation
+    overflowed"). Headers and pickles keep ValueError for both.
     """
     count = 1
     for size in shape:
-        check_int64(size, api, f"{what} {list(shape)} has size", error or TypeError)
+        check_int64(size, api, f"{what} {list(shape)} has size", unpack or error)
         if size > 0:
             count *= size
     if count > MAX_SIZE:
         msg = (
             f"{api}(): numel: integer multiplication overflow: {what} {list(shape)} holds more than "
-            f"2**63 - 1 elements (its sizes, zeros aside, multiply past int64, the count DLPack, "
-            f"PyTorch and NumPy hold)."
+            f"2**63 - 1 elements, more than a process can address (its sizes, zeros aside, multiply "
+            f"past int64, the count DLPack, PyTorch and NumPy hold)."
         )
-        raise (error or RuntimeError)(msg)
+        raise error(msg)
     for stride in strides:
-        check_int64(stride, api, f"strides {list(strides)} have stride", error or TypeError)
+        check_int64(stride, api, f"strides {list(strides)} have stride", unpack or error)
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -304,7 +309,7 @@ def expand_strides(
             f"number of dimensions in the tensor ({len(shape)})"
         )
         raise RuntimeError(msg)
-    check_sizes(target, api, "size", None)
+    check_sizes(target, api, "size", RuntimeError, unpack=TypeError)
     lead = len(target) - len(shape)
     out = [0] * len(target)
     # Right to left, as PyTorch infers the geometry: a new leading dimension is a size-1 dimension

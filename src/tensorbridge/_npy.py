@@ -7,10 +7,18 @@ and 2.0, UTF-8 in 3.0, with the keys ``descr``, ``fortran_order`` and ``shape``)
 What loads: every dtype the format can name that tensorbridge has (``b1``, ``i1``-``i8``,
 ``u1``-``u8``, ``f2``, ``f4``, ``f8``, ``c8``, ``c16``); C order, and Fortran order as strides (no
 copy). Refused with a `ValueError`: object, structured, string, datetime and ``V`` (raw void)
-dtypes, long double, and headers longer than NumPy's limit of 10,000 characters. Big-endian data
+dtypes, long double, headers longer than NumPy's limit of 10,000 characters, and shapes past
+int64 (a size, or the element count with zeros left out, over ``2**63 - 1``: NumPy's ``np.load``
+cannot hold them either; `tensorbridge._layout.check_sizes` is the rule). Big-endian data
 (``>``) is loaded as a byte-swapped private copy in native order (with ``mode="r"`` the copy is
 read-only); ``mode="r+"`` refuses it, since writes could not reach the file. Bytes after the data
 are ignored, as NumPy ignores them.
+
+What loading promises: a file damaged or hostile when it is loaded is a `ValueError` naming it,
+never a crash. A map (``mode="r"``, ``"c"``, ``"r+"``) promises no more than mmap does: if the file
+is truncated while the tensor maps it, touching a lost page raises SIGBUS, which kills the process
+and cannot be caught. ``mode=None`` reads the data into private memory instead (a ``read()``, no
+map), so nothing done to the file afterwards reaches the tensor.
 
 What saves: every dtype NumPy can name. bfloat16, complex32, the float8 types and
 float4_e2m1fn_x2 have no ``descr`` NumPy's loader understands (ml_dtypes arrays save as raw
@@ -30,7 +38,7 @@ from typing import Any, Final
 
 from . import _dtype
 from ._dtype import DType
-from ._layout import MAX_NDIM, contiguous_strides
+from ._layout import MAX_NDIM, check_sizes, contiguous_strides
 from ._mapfile import check_mode, map_file
 from ._storage import allocate
 from ._tensor import Tensor
@@ -128,6 +136,7 @@ def _read_header(
         raise _bad(api, source, "shape must be a tuple of non-negative ints", shape)
     if len(shape) > MAX_NDIM:
         raise _bad(api, source, f"tensorbridge supports at most {MAX_NDIM} dimensions", len(shape))
+    check_sizes(shape, api, f".npy file <{source}>: shape")
     if type(fortran) is not bool:
         raise _bad(api, source, "fortran_order must be True or False", fortran)
     dtype, swapped = _parse_descr(d["descr"], api, source)
@@ -158,14 +167,21 @@ def _swap(data: bytearray | memoryview, dtype: DType) -> None:
 
 
 def load_npy(file: Any, *, mode: str | None = "r") -> Tensor:
-    """A tensor from an ``.npy`` file: a view of a memory map by default, no copy.
+    """A tensor from an ``.npy`` file: a view of a memory map by default, or a private copy.
+
+    Mapped (the default), the tensor is a view of the file's pages: loading costs the same for a
+    file of any size, but if the file is truncated while the tensor lives, touching the lost bytes
+    raises SIGBUS, as with any mmap, and the process dies (a signal, not an exception).
+    ``mode=None`` is the copying load, one argument away: the data is read once into a private,
+    64-byte aligned allocation (``np.load``'s behaviour), which nothing done to the file reaches.
 
     Args:
         file: a path (``str``, ``bytes``, ``os.PathLike``) or an open binary file. A file object
             with a ``fileno()`` is mapped from its current position; one without (``io.BytesIO``)
             needs ``mode=None``. After reading, a file object is positioned after the data.
         mode: ``"r"`` read-only map (writes raise), ``"c"`` copy-on-write, ``"r+"`` writes reach
-            the file, or None: the data is read into private memory.
+            the file, or None: the data is read into private memory (writable; a later
+            truncation of the file cannot reach it).
 
     Returns:
         The tensor: C order, or Fortran order as strides over the same bytes.

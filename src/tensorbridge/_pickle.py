@@ -43,13 +43,25 @@ from ._buffer_export import host_memoryview
 from ._device import CPU
 from ._dtype import BY_NAME, DType, uint8
 from ._errors import short_repr
-from ._layout import MAX_NDIM, contiguous_strides, extent
+from ._layout import MAX_NDIM, MAX_SIZE, check_sizes, contiguous_strides, extent
 from ._storage import READONLY_REQUEST, WRITABLE_REQUEST, Storage, allocate, hold_buffer
 
 if TYPE_CHECKING:
     from ._tensor import Tensor
 
-__all__ = ["buffer_storage", "checked_layout", "reduce_args", "storage_over"]
+__all__ = [
+    "buffer_storage",
+    "checked_layout",
+    "checked_nbytes",
+    "reduce_args",
+    "refusal",
+    "storage_over",
+]
+
+# What every refusal of a pickle ends with: how to get one tensorbridge will load.
+_REPICKLE = (
+    "The pickle was damaged or altered after tensorbridge wrote it; pickle the tensor again."
+)
 
 
 def reduce_args(t: Tensor, protocol: int) -> tuple[Any, ...]:
@@ -133,25 +145,29 @@ def buffer_storage(data: Any, readonly: bool) -> Storage:
         try:
             held, view = hold_buffer(data, READONLY_REQUEST)
         except Exception as exc:
-            msg = (
-                f"pickle.loads(): a tensor's buffer must export C-contiguous memory; got "
-                f"{type(data).__name__} ({type(exc).__name__}: {exc}). Pass the buffers that "
-                f"buffer_callback received, or contiguous copies of them."
-            )
-            raise BufferError(msg) from None
+            fix = "Pass the buffers that buffer_callback received, or contiguous copies of them."
+            raise BufferError(_not_memory(data, exc, "buffer", fix)) from None
     return Storage(view.buf or 0, view.len, CPU, readonly, held)
 
 
 def storage_over(data: Any, readonly: bool) -> Storage:
-    """A storage sharing ``data``'s memory, or a writable copy when ``data`` cannot be written."""
+    """A storage sharing ``data``'s memory, or a writable copy when ``data`` cannot be written.
+
+    Raises:
+        BufferError: ``data`` exports no C-contiguous buffer (``None``, a ``str``, a strided view).
+    """
     try:
         held, view = hold_buffer(data, READONLY_REQUEST if readonly else WRITABLE_REQUEST)
-    except Exception:  # exporters word "not writable" as BufferError, ValueError (NumPy), ...
+    # Exporters word "not writable" as BufferError, ValueError (NumPy), ...
+    except Exception as exc:
         if readonly:
-            raise
+            raise BufferError(_not_memory(data, exc, "data", _REPICKLE)) from None
         # A read-only buffer for a writable tensor (``bytes`` from protocol <= 4, out-of-band
         # buffers the receiver made read-only): copy, so the tensor is writable as it was.
-        source = memoryview(data).cast("B")
+        try:
+            source = memoryview(data).cast("B")
+        except Exception as exc:
+            raise BufferError(_not_memory(data, exc, "data", _REPICKLE)) from None
         storage = allocate(source.nbytes)
         if source.nbytes:
             storage.host_view("__reduce_ex__")[:] = source
@@ -170,49 +186,90 @@ def checked_layout(
     """What a pickle says about a tensor, checked before anything is built from it.
 
     `reduce_args` writes a dtype name, tuples of ints, an int and two bools; a pickle altered after
-    that is refused here, as `Tensor._new` then refuses a layout outside its storage. An integer
-    is what ``operator.index`` takes (`_args.as_int`: the rule of PyTorch's sizes and of Python's
-    own indices), so ``int`` and its subclasses and NumPy integers, normalised to ``int`` so that
-    the tensor holds plain ints; not ``bool`` (``True`` is a flag, not a size) and not ``float``,
-    not even ``2.0``, which `reduce_args` never writes.
+    that is refused here, before any memory is opened, held or mapped for it, as `Tensor._new` then
+    refuses a layout outside its storage. An integer is what ``operator.index`` takes
+    (`_args.as_int`: the rule of PyTorch's sizes and of Python's own indices), so ``int`` and its
+    subclasses and NumPy integers, normalised to ``int`` so that the tensor holds plain ints; not
+    ``bool`` (``True`` is a flag, not a size) and not ``float``, not even ``2.0``, which
+    `reduce_args` never writes. Every number fits int64, as in every tensor DLPack, PyTorch and NumPy
+    can hold: the sizes and their product by `_layout.check_sizes` (the one rule for sizes that enter
+    from outside), each stride's magnitude and the offset up to ``2**63 - 1``; the offset is not
+    negative.
 
     Raises:
         TypeError: a value of the wrong type (a float size, a bool offset, a str flag).
-        ValueError: a dtype tensorbridge does not have, a negative size, more than ``MAX_NDIM``
-            dimensions, or not one stride per dimension.
+        ValueError: a dtype tensorbridge does not have, a negative size or offset, more than
+            ``MAX_NDIM`` dimensions, not one stride per dimension, or a number past int64.
     """
     dtype = BY_NAME.get(dtype_name) if type(dtype_name) is str else None
     if dtype is None:
         msg = f"a pickled tensor's dtype {short_repr(dtype_name)} is not a tensorbridge dtype"
-        raise ValueError(_refusal(msg))
+        raise ValueError(refusal(msg))
     sizes = _ints(shape, "shape")
     if len(sizes) > MAX_NDIM:
         msg = f"a pickled tensor has {len(sizes)} dimensions; at most {MAX_NDIM} are supported"
-        raise ValueError(_refusal(msg))
+        raise ValueError(refusal(msg))
     if any(size < 0 for size in sizes):
-        raise ValueError(_refusal(f"a pickled tensor's shape {list(sizes)} has a negative size"))
+        raise ValueError(refusal(f"a pickled tensor's shape {list(sizes)} has a negative size"))
+    try:
+        check_sizes(sizes, "pickle.loads", "a pickled tensor's shape", ValueError)
+    except ValueError as exc:
+        msg = f"{exc} {_REPICKLE}"
+        raise ValueError(msg) from None
     steps = _ints(strides, "strides")
     if len(steps) != len(sizes):
         msg = (
             f"a pickled tensor's strides {list(steps)} do not match its shape {list(sizes)}: "
             f"one stride per dimension"
         )
-        raise ValueError(_refusal(msg))
+        raise ValueError(refusal(msg))
+    for step in steps:
+        if abs(step) > MAX_SIZE:
+            msg = (
+                f"a pickled tensor's strides {list(steps)} hold {step}, past int64: a stride is "
+                f"at most 2**63 - 1 elements either way"
+            )
+            raise ValueError(refusal(msg))
+    start = _int(offset, "storage offset must be an int")
+    if not 0 <= start <= MAX_SIZE:
+        msg = f"a pickled tensor's storage offset must be 0 to 2**63 - 1; got {start}"
+        raise ValueError(refusal(msg))
     return (
         dtype,
         sizes,
         steps,
-        _int(offset, "storage offset must be an int"),
+        start,
         _flag(readonly, "read-only flag"),
         _flag(requires_grad, "requires_grad"),
     )
 
 
-def _refusal(what: str) -> str:
+def checked_nbytes(nbytes: object) -> int:
+    """A shared-memory pickle's byte count, checked before any segment is opened for it.
+
+    An integer by `checked_layout`'s rule (`_args.as_int`), from 0 to ``2**63 - 1``.
+
+    Raises:
+        TypeError: not an integer (``1.5``, ``"8"``, ``None``, ``True``).
+        ValueError: negative, or past int64.
+    """
+    count = _int(nbytes, "byte count (nbytes) must be an int")
+    if not 0 <= count <= MAX_SIZE:
+        msg = f"a pickled tensor's byte count (nbytes) must be 0 to 2**63 - 1; got {count}"
+        raise ValueError(refusal(msg))
+    return count
+
+
+def refusal(what: str) -> str:
     """The message for a refused pickle: the function, what is wrong with it, and the fix."""
+    return f"pickle.loads(): {what}. {_REPICKLE}"
+
+
+def _not_memory(data: object, exc: BaseException, what: str, fix: str) -> str:
+    """The message for a pickled tensor's bytes that export no C-contiguous memory."""
     return (
-        f"pickle.loads(): {what}. The pickle was damaged or altered after tensorbridge wrote it; "
-        f"pickle the tensor again."
+        f"pickle.loads(): a tensor's {what} must export C-contiguous memory; got "
+        f"{type(data).__name__} ({type(exc).__name__}: {exc}). {fix}"
     )
 
 
@@ -223,7 +280,7 @@ def _ints(values: object, what: str) -> tuple[int, ...]:
             f"a pickled tensor's {what} must be a tuple of ints; got {short_repr(values)} "
             f"({type(values).__name__})"
         )
-        raise TypeError(_refusal(msg))
+        raise TypeError(refusal(msg))
     return tuple([_int(v, f"{what} must hold ints", values) for v in values])
 
 
@@ -236,7 +293,7 @@ def _int(value: object, rule: str, within: object = None) -> int:
         pass
     got = short_repr(value) if within is None else f"{short_repr(value)} in {short_repr(within)}"
     msg = f"a pickled tensor's {rule}; got {got} ({type(value).__name__})"
-    raise TypeError(_refusal(msg))
+    raise TypeError(refusal(msg))
 
 
 def _flag(value: object, what: str) -> bool:
@@ -246,5 +303,5 @@ def _flag(value: object, what: str) -> bool:
             f"a pickled tensor's {what} must be True or False; got {short_repr(value)} "
             f"({type(value).__name__})"
         )
-        raise TypeError(_refusal(msg))
+        raise TypeError(refusal(msg))
     return value

@@ -8,7 +8,11 @@ data that follows the header), then the data. Validation follows the reference i
 tensors tile the data exactly, from 0 to the end of the file, with no gap, overlap or trailing
 byte; each tensor's byte length is its element count times its element size, counted without
 overflowing 64 bits. tensorbridge also refuses duplicate keys, which the crate resolves by keeping
-the last one.
+the last one. A string that escapes a lone UTF-16 surrogate (``"\\ud800"``, which Python's JSON
+decoder takes and which is no Unicode text) is refused, as the crate's JSON parser refuses it.
+Every size a header brings in must fit int64, as `tensorbridge._layout.check_sizes` rules (DLPack,
+PyTorch and NumPy hold sizes in int64; PyTorch cannot unpack a larger one): each dimension, the
+element count (zeros aside) and both data_offsets.
 
 Writing follows the crate byte for byte: tensors sorted by descending dtype rank (the order of the
 crate's ``Dtype`` enum, largest alignment first) then by name, compact JSON, the header padded with
@@ -19,6 +23,7 @@ spaces to a multiple of 8 bytes. ``__metadata__`` comes first, its entries in th
 from __future__ import annotations
 
 import json
+import re
 import struct
 import sys
 from collections.abc import Callable, Mapping
@@ -26,7 +31,7 @@ from typing import Any, Final
 
 from . import _dtype
 from ._dtype import DType
-from ._layout import MAX_NDIM, contiguous_strides
+from ._layout import MAX_NDIM, MAX_SIZE, check_sizes, contiguous_strides
 from ._mapfile import MappedFile
 from ._tensor import Tensor
 
@@ -95,9 +100,29 @@ class Header:
         self.metadata = metadata
 
 
-# The first argument of the ValueError `_pairs` raises for a duplicate key (a module-private
-# exception class would be an exception users could meet that tensorbridge does not export).
+# The first argument of the ValueError `_pairs` raises for a duplicate key, and for a string that
+# holds a lone surrogate (a module-private exception class would be an exception users could meet
+# that tensorbridge does not export).
 _DUPLICATE: Final = object()
+_SURROGATE: Final = object()
+# A lone surrogate: what Python's JSON decoder makes of "\ud800", which serde_json (the crate's
+# parser) refuses. A valid escaped pair ("\ud83d\ude00") decodes to one character, not this.
+# The escapes are the regex's, in a raw string: no surrogate is in the source (Cython compiles
+# string constants as UTF-8, which cannot hold one).
+_LONE_SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: object) -> str | None:
+    """The first string in ``value`` (a str, or a list of them at any depth) holding a lone
+    surrogate; objects in lists were checked by their own `_pairs` call."""
+    if type(value) is str:
+        return value if _LONE_SURROGATE.search(value) else None
+    if type(value) is list:
+        for item in value:
+            found = _lone_surrogate(item)
+            if found is not None:
+                return found
+    return None
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -105,6 +130,11 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     for key, value in pairs:
         if key in out:
             raise ValueError(_DUPLICATE, key)
+        bad = _lone_surrogate(key)
+        if bad is None and type(value) is not dict:
+            bad = _lone_surrogate(value)
+        if bad is not None:
+            raise ValueError(_SURROGATE, bad)
         out[key] = value
     return out
 
@@ -162,6 +192,13 @@ def parse_header(
     except (ValueError, RecursionError) as exc:
         if exc.args and exc.args[0] is _DUPLICATE:
             raise _bad(api, source, "the header names a key twice", exc.args[1]) from None
+        if exc.args and exc.args[0] is _SURROGATE:
+            what = (
+                "the header is not valid JSON text: a string escapes a lone UTF-16 surrogate "
+                "(\\ud800-\\udfff without its pair), which is no Unicode character (the "
+                "safetensors package refuses it too)"
+            )
+            raise _bad(api, source, what, exc.args[1]) from None
         raise _bad(api, source, f"the header is not JSON ({exc})", text[:64]) from None
     if type(obj) is not dict:
         raise _bad(api, source, "the header is not a JSON object", text[:64])
@@ -198,12 +235,8 @@ def _check_layout(entries: list[Entry], base: int, source: str, api: str) -> int
             raise _bad(api, source, what, [e.start, e.stop], e.name)
         end = e.stop
         count = 1
-        for dim in e.shape:
+        for dim in e.shape:  # below 2**63, with every size: `_entry` checked them
             count *= dim
-            if count >= _U64:
-                raise _bad(
-                    api, source, "its element count overflows 64 bits", list(e.shape), e.name
-                )
         bits = count * _BITS[e.code]
         if bits >= _U64:
             raise _bad(api, source, "its byte size overflows 64 bits", list(e.shape), e.name)
@@ -242,8 +275,13 @@ def _entry(name: str, info: Any, source: str, api: str) -> Entry:
         raise _bad(
             api, source, f"tensorbridge supports at most {MAX_NDIM} dimensions", len(shape), name
         )
-    if type(offsets) is not list or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
-        what = "data_offsets must be two non-negative integers below 2**64"
+    check_sizes(shape, api, f"safetensors file <{source}>: tensor {name!r}: shape")
+    if (
+        type(offsets) is not list
+        or len(offsets) != 2
+        or not all(_is_uint(o) and o <= MAX_SIZE for o in offsets)
+    ):
+        what = "data_offsets must be two non-negative integers that fit int64 (below 2**63)"
         raise _bad(api, source, what, offsets, name)
     return Entry(name, code, tuple(shape), offsets[0], offsets[1])
 

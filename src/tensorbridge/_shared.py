@@ -8,18 +8,32 @@ function that pickles name live beside the class, in `_tensor`.
 
 Who unlinks a name, and when. A name is only the way in: a mapping stays valid after its name is
 unlinked, and the memory goes with the last mapping. So every name has one owner, which unlinks it
-exactly once:
+exactly once. **The rule: a name is unlinked only by the process that made it, or by a process that
+received it as a pickle's own link and proved it one (or, for either, by the resource tracker it
+registered the name with, once it cannot: below); a name is proved before it is taken over, and a
+refused pickle leaves every name as it found it.**
 
-* The process that moves a storage into shared memory owns the segment's first name, and unlinks
-  it when the storage dies or the process exits.
+* The process that moves a storage into shared memory makes the segment's first name
+  (``psm_1a2b3c4d``: ``psm_`` and 8 hex digits, chosen here), owns it, and unlinks it when the
+  storage dies or the process exits. No other process ever unlinks a first name.
 * On Linux, where POSIX shared memory is a file in ``/dev/shm``, each pickle ``multiprocessing``
-  makes of such a tensor carries a name of its own: a hard link to the segment, made when the
-  tensor is pickled (`process_args`) and registered with ``multiprocessing``'s resource tracker.
-  The pickle owns that name until a process unpickles it; from then on the receiving storage
-  does, and unlinks it with itself. So the sender may drop its tensor, or exit, before the
-  receiver attaches (a worker returning a tensor it shared), and the receiver may send the tensor
-  on, or back. The names of one segment start with its first name (``psm_1a2b3c4d``,
-  ``psm_1a2b3c4d.5e6f...``).
+  makes of such a tensor carries a name of its own: a hard link to the segment, the first name,
+  ``.`` and 16 random hex digits (``psm_1a2b3c4d.5e6f...``), made when the tensor is pickled
+  (`process_args`) and registered with ``multiprocessing``'s resource tracker. The pickle owns that
+  name until a process unpickles it; from then on the receiving storage does, and unlinks it with
+  itself. So the sender may drop its tensor, or exit, before the receiver attaches (a worker
+  returning a tensor it shared), and the receiver may send the tensor on, or back.
+* What the receiver checks, in this order (`_tensor._rebuild_shared`), so that no pickle makes it
+  unlink a name it was not sent: every argument, before anything is opened (`checked_name`: a
+  ``str`` of exactly that link syntax, so no NUL byte, no ``/``, at most 29 characters; the byte
+  count and layout, `_pickle`); then the file, through the one descriptor it maps
+  (`_open_link`): a regular file directly in ``/dev/shm``, not a symbolic link, on its file
+  system, of this user, holding the bytes the pickle says, and, while the first name still
+  exists, the same file as it (a link count of 1 is a link too: the owner may have exited); then
+  the layout against the mapped segment; only then does it take the name over (`take_name`). A
+  refused pickle raises, unmaps what it mapped, and unlinks and registers nothing. A first name
+  alone is refused on Linux (a pickle written before per-pickle links, or altered): taking it over
+  would unlink it under its owner, which could then no longer send its tensor.
 * A name whose owner never unlinks it stays registered with the resource tracker, which unlinks
   it when the last process sharing the tracker has exited (with its "leaked shared_memory
   objects" warning): the names a process held when a signal killed it (``Pool.terminate()``,
@@ -32,8 +46,9 @@ exactly once:
   ``multiprocessing.connection`` have a tracker each: the sender's tracker reports the names the
   receiver unlinked when the sender's program exits, and unlinks those it still holds (their
   tensors stay mapped, but cannot be sent on by name).
-* Elsewhere (macOS, Windows) a segment has one name, which the receiver maps without owning it:
-  the sender must keep its tensor alive until the receiver has unpickled it.
+* Elsewhere (macOS, Windows) a segment has one name, its first, which a pickle carries (the same
+  syntax checked) and the receiver maps without owning it: the sender must keep its tensor alive
+  until the receiver has unpickled it.
 """
 
 from __future__ import annotations
@@ -41,11 +56,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import mmap
 import os
+import re
+import stat
 import sys
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from ._device import CPU
+from ._errors import short_repr
+from ._pickle import refusal
 from ._storage import WRITABLE_REQUEST, Storage, hold_buffer
 
 if TYPE_CHECKING:
@@ -53,16 +73,36 @@ if TYPE_CHECKING:
 
     from ._tensor import Tensor
 
-__all__ = ["attach_storage", "process_args", "register_process_reducer", "share_memory"]
+__all__ = [
+    "attach_storage",
+    "checked_name",
+    "process_args",
+    "register_process_reducer",
+    "share_memory",
+    "take_name",
+]
 
 # Whether a segment can have more than one name: Linux keeps POSIX shared memory as files in
 # /dev/shm (glibc and musl both map shm_open("/name") to /dev/shm/name), which take hard links.
 _LINKS: Final = sys.platform.startswith("linux")
 _SHM_DIR: Final = "/dev/shm"
 
+# The names tensorbridge gives a segment, and the only ones a pickle may carry (module docstring):
+# a first name, chosen here (not by multiprocessing, whose scheme is its own to change) as
+# multiprocessing chooses one, and short enough for macOS (31 bytes); on Linux each pickle's link,
+# the first name, "." and a random token. Nothing else is ever opened by a name a pickle carries.
+_FIRST_PREFIX: Final = "psm_"
+_FIRST_NAME: Final = re.compile(r"psm_[0-9a-f]{8}")
+_LINK_NAME: Final = re.compile(r"psm_[0-9a-f]{8}\.[0-9a-f]{16}")
+_NAMES: Final = (
+    "a link made for one pickle: 'psm_', 8 hex digits, '.', 16 hex digits"
+    if _LINKS
+    else "a segment's name: 'psm_' and 8 hex digits"
+)
+
 # The names this process owns and has not unlinked yet; unlinked at exit at the latest. A forked
 # child starts with none: what it inherited belongs to its parent.
-_OWNED: Final[dict[str, SharedMemory]] = {}
+_OWNED: Final[dict[str, SharedMemory | _MappedLink]] = {}
 _exit_hook_pid = 0
 _reducer_registered = False
 
@@ -123,7 +163,7 @@ def _unlink_owned() -> None:
     _flush_unregister()
 
 
-def _own(shm: SharedMemory) -> None:
+def _own(shm: SharedMemory | _MappedLink) -> None:
     """Make this process the owner of ``shm``'s name: unlinked with its block, or at exit."""
     global _exit_hook_pid  # noqa: PLW0603 (once per process)
     pid = os.getpid()
@@ -193,10 +233,12 @@ if sys.platform != "win32":
 
 
 class _SharedBlock:
-    """A ``multiprocessing.shared_memory`` segment, mapped and held for one storage.
+    """A shared-memory segment, mapped and held for one storage: a ``multiprocessing.shared_memory``
+    segment, or a pickle's link mapped by `_open_link`.
 
     ``owns_name``: the block unlinks its name when it dies (see the module docstring); a block
-    that borrows the name only unmaps it. ``previous`` is the storage's owner before
+    that borrows the name only unmaps it, and so does one whose tensor was refused before
+    `take_name` made it the owner. ``previous`` is the storage's owner before
     `share_memory` moved it here: exports made before the move that reach the memory through the
     tensor (NumPy arrays via ``__array_interface__``) still point into that memory, so it lives as
     long as the storage.
@@ -204,7 +246,9 @@ class _SharedBlock:
 
     __slots__ = ("_held", "_previous", "_shm", "name", "owns_name", "ptr")
 
-    def __init__(self, shm: SharedMemory, owns_name: bool, previous: object = None) -> None:
+    def __init__(
+        self, shm: SharedMemory | _MappedLink, owns_name: bool, previous: object = None
+    ) -> None:
         self._shm = shm
         self.owns_name = owns_name
         self.name = shm.name
@@ -212,7 +256,7 @@ class _SharedBlock:
         # The export is taken from the mmap, not from ``shm.buf``: a memoryview is tracked by the
         # garbage collector, which at interpreter exit may clear it while the export still holds
         # it ("BufferError: memoryview has 1 exported buffer"); an mmap waits for the export.
-        held, view = hold_buffer(shm._mmap, WRITABLE_REQUEST)  # type: ignore[attr-defined]
+        held, view = hold_buffer(shm._mmap, WRITABLE_REQUEST)  # type: ignore[union-attr]
         self._held: object = held
         self.ptr: int = view.buf
 
@@ -250,9 +294,38 @@ def _segment_type() -> type[SharedMemory]:
     return _Segment
 
 
+class _MappedLink:
+    """A pickle's link that `_open_link` proved and mapped: what `_SharedBlock`, `_unlink` and
+    `_OWNED` use of a ``SharedMemory`` (``name``, ``size``, the map, ``close``, ``unlink``)."""
+
+    __slots__ = ("_mmap", "name", "size")
+
+    def __init__(self, name: str, mapping: mmap.mmap) -> None:
+        self.name = name
+        self._mmap = mapping
+        self.size = len(mapping)
+
+    def close(self) -> None:
+        self._mmap.close()  # BufferError while a view of it is still exported
+
+    def unlink(self) -> None:
+        """Unlink the name and tell the resource tracker, as ``SharedMemory.unlink`` does."""
+        from multiprocessing import resource_tracker
+
+        os.unlink(os.path.join(_SHM_DIR, self.name))
+        resource_tracker.unregister("/" + self.name, "shared_memory")
+
+
 def _create_block(nbytes: int, previous: object) -> _SharedBlock:
     # A zero-size segment is refused, so an empty storage gets one byte it never uses.
-    shm = _segment_type()(create=True, size=max(nbytes, 1))  # registered with the tracker
+    segment = _segment_type()
+    while True:
+        name = _FIRST_PREFIX + os.urandom(4).hex()
+        try:  # registered with the tracker
+            shm = segment(name=name, create=True, size=max(nbytes, 1))
+        except FileExistsError:
+            continue
+        break
     _own(shm)
     try:
         return _SharedBlock(shm, owns_name=True, previous=previous)
@@ -262,13 +335,101 @@ def _create_block(nbytes: int, previous: object) -> _SharedBlock:
         raise
 
 
-def _attach_block(name: str) -> _SharedBlock:
+def checked_name(name: object) -> str:
+    """The name a shared-memory pickle carries, held to tensorbridge's syntax before anything is
+    opened by it: on Linux a link made for one pickle (the segment's first name, ``.``, 16 hex
+    digits), elsewhere a segment's first name (``psm_`` and 8 hex digits).
+
+    So no NUL byte (which would cut the name short where the system reads it), no ``/``, no
+    character tensorbridge does not write, and at most 29 characters. On Linux a first name alone
+    is refused: it is its owner's, who unlinks it, and a receiver that took it over would unlink
+    it under the owner (who could then not send the tensor again); tensorbridge has sent each
+    receiver a link of its own since such links exist, so only a pickle written before them, or
+    altered, carries one. Nothing is opened, attached or unlinked for a refused name.
+
+    Raises:
+        TypeError: not a ``str``.
+        ValueError: any other name.
+    """
+    if type(name) is not str:
+        msg = (
+            f"a shared-memory tensor's segment name must be a str; got {short_repr(name)} "
+            f"({type(name).__name__})"
+        )
+        raise TypeError(refusal(msg))
+    if (_LINK_NAME if _LINKS else _FIRST_NAME).fullmatch(name):
+        return name
+    if _LINKS and _FIRST_NAME.fullmatch(name):
+        why = (
+            "is a segment's first name, which only the process that made it unlinks; a receiver "
+            "gets a link of its own (this name, '.', 16 hex digits), so this pickle was written "
+            "by a tensorbridge older than those links, or altered"
+        )
+    else:
+        why = f"is not one tensorbridge sends ({_NAMES})"
+    msg = f"the shared-memory name {short_repr(name)} {why}; nothing was opened or unlinked"
+    raise ValueError(refusal(msg))
+
+
+def _open_link(name: str, nbytes: int) -> _MappedLink:
+    """Map the pickle's link ``name`` (syntax checked) once it is proved a link of a segment.
+
+    What proves it, from the file itself: a regular file directly in /dev/shm (no symbolic link is
+    followed, and nothing else is even opened: a FIFO or a device could block or act on open), on
+    /dev/shm's file system, belonging to this process's user, holding at least ``nbytes``; and,
+    while the segment's first name (the name up to its dot) still exists, that name is the very
+    same file (device and inode), so the link count shows both names. The first name may be gone:
+    its owner unlinks it when it drops its tensor or exits, which it may do before the receiver
+    attaches, so a link count of 1 is a link too. The file mapped is the file checked: opened
+    once, checked through its descriptor. Nothing is unlinked or registered here.
+
+    Raises:
+        FileNotFoundError: no such name (the resource tracker unlinked it, or by hand).
+        ValueError: the file is not such a link; it is left as it was.
+    """
+    path = os.path.join(_SHM_DIR, name)
+    found = os.lstat(path)
+    if not stat.S_ISREG(found.st_mode):
+        _not_a_link(name, f"it is not a regular file ({stat.filemode(found.st_mode)})")
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+    fd = os.open(path, flags)
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (found.st_dev, found.st_ino):
+            _not_a_link(name, "it was replaced while it was opened")
+        if opened.st_dev != os.stat(_SHM_DIR).st_dev:
+            _not_a_link(name, f"it is not on the file system of {_SHM_DIR}")
+        if opened.st_uid != os.geteuid():
+            _not_a_link(name, f"it belongs to user {opened.st_uid}, not to {os.geteuid()}")
+        first = name.partition(".")[0]
+        try:
+            segment = os.stat(os.path.join(_SHM_DIR, first), follow_symlinks=False)
+        except FileNotFoundError:
+            pass  # its owner has unlinked it: the link is what is left of the segment
+        else:
+            if (segment.st_dev, segment.st_ino) != (opened.st_dev, opened.st_ino):
+                _not_a_link(name, f"the segment {first!r} it is named after is another file")
+        if opened.st_size < max(nbytes, 1):
+            _not_a_link(name, f"it holds {opened.st_size} bytes; the pickle says {nbytes}")
+        mapping = mmap.mmap(fd, max(nbytes, 1))
+    finally:
+        os.close(fd)
+    return _MappedLink(name, mapping)
+
+
+def _not_a_link(name: str, why: str) -> NoReturn:
+    msg = (
+        f"the shared-memory name {name!r} is not a link of a tensorbridge segment: {why}; it was "
+        f"left as it was"
+    )
+    raise ValueError(refusal(msg))
+
+
+def _attach_block(name: str, nbytes: int) -> _SharedBlock:
     if _LINKS:
-        # The name was made for this receiver (`_name_for_receiver`), which owns it from here:
-        # tracked, so that the tracker unlinks it should this process be killed.
-        shm = _segment_type()(name=name)
-        _own(shm)
-        return _SharedBlock(shm, owns_name=True)
+        # The name was made for this receiver (`_name_for_receiver`); it is proved before it is
+        # mapped, and owned only once the tensor over it is built (`take_name`).
+        return _SharedBlock(_open_link(name, nbytes), owns_name=False)
     if sys.version_info >= (3, 13):
         shm = _segment_type()(name=name, track=False)
     else:
@@ -276,7 +437,13 @@ def _attach_block(name: str) -> _SharedBlock:
         # started by multiprocessing share their parent's tracker, where that is a no-op; an
         # unrelated process would unlink the segment when it exits (python/cpython#82300).
         shm = _segment_type()(name=name)
-    return _SharedBlock(shm, owns_name=False)
+    block = _SharedBlock(shm, owns_name=False)
+    if block.size < nbytes:
+        msg = (
+            f"the shared-memory segment {name!r} holds {block.size} bytes; the pickle says {nbytes}"
+        )
+        raise ValueError(refusal(msg))
+    return block
 
 
 def _name_for_receiver(block: _SharedBlock) -> str:
@@ -384,7 +551,35 @@ def process_args(t: Tensor) -> tuple[Any, ...] | None:
 
 
 def attach_storage(name: str, nbytes: int, readonly: bool) -> Storage:
-    """A storage over the segment called ``name``, mapped in this process (which owns the name
-    from now on where names are made per pickle, on Linux)."""
-    block = _attach_block(name)
-    return Storage(block.ptr, min(nbytes, block.size), CPU, readonly, block)
+    """A storage of ``nbytes`` over the segment a pickle names (checked by `checked_name` and
+    `_pickle.checked_nbytes`), mapped in this process, which owns no name yet: `take_name` makes
+    it the owner of a pickle's link once the tensor over the storage is built.
+
+    Raises:
+        FileNotFoundError: no such name.
+        ValueError: the name is not a link of a segment, or the segment is shorter than
+            ``nbytes``; every name is left as it was.
+    """
+    block = _attach_block(name, nbytes)
+    return Storage(block.ptr, nbytes, CPU, readonly, block)
+
+
+def take_name(storage: Storage) -> None:
+    """Make this process the owner of the pickle's link ``storage`` was attached by (on Linux;
+    elsewhere the one name stays its maker's): unlinked with the storage, or at exit, and
+    registered with the resource tracker for a process killed first.
+
+    Called once the tensor over ``storage`` is built, so a refused pickle owns nothing. A name
+    this process owns already (the same pickle loaded twice) stays with its first owner.
+    """
+    block = storage.owner
+    if not _LINKS or not isinstance(block, _SharedBlock) or block.owns_name:
+        return
+    if block.name in _OWNED:
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.register("/" + block.name, "shared_memory")
+    _flush_unregister()  # what a collection inside that call unlinked
+    _own(block._shm)
+    block.owns_name = True

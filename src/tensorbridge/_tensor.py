@@ -1237,12 +1237,23 @@ def _rebuild_shared(
     readonly: bool,
     requires_grad: bool,
 ) -> Tensor:
-    """Unpickle a shared-memory tensor: map the segment by name (every process sees each write)."""
+    """Unpickle a shared-memory tensor: map the segment by name (every process sees each write).
+
+    Every argument is checked before anything is opened (`_shared.checked_name`: a name
+    tensorbridge sends, on Linux a pickle's own link; `_pickle.checked_nbytes`;
+    `_pickle.checked_layout`); the name is then proved a link of a segment and mapped
+    (`_shared.attach_storage`), the layout is checked against it (`Tensor._new`), and only then
+    does this process take the name over (`_shared.take_name`, on Linux): a refused pickle leaves
+    every name as it found it.
+    """
+    name = _shared.checked_name(name)
+    nbytes = _pickle.checked_nbytes(nbytes)
     dtype, shape, strides, offset, readonly, requires_grad = _pickle.checked_layout(
         dtype_name, shape, strides, offset, readonly, requires_grad
     )
     storage = _shared.attach_storage(name, nbytes, readonly)
     t = _rebuilt(storage, dtype, shape, strides, offset, requires_grad)
+    _shared.take_name(storage)
     _shared.register_process_reducer(Tensor, _reduce_for_process)  # sent on by name from here too
     return t
 

@@ -12,8 +12,22 @@ an element is), and the map lives while any tensor does. ``mode`` picks the map:
 ``float8_e4m3fn`` and ``F8_E8M0`` is ``float8_e8m0fnu`` (as PyTorch names them), ``F4`` is
 ``float4_e2m1fn_x2`` with its last dimension halved (two values per byte, as PyTorch loads it),
 ``C64`` is ``complex64``; ``F6_E2M3`` and ``F6_E3M2``, which tensorbridge has no dtype for, are a
-`ValueError` naming them. A damaged or hostile file is a `ValueError` naming the file and the
-tensor, never a crash.
+`ValueError` naming them.
+
+What loading promises. A file that is damaged or hostile when it is loaded (any header, any
+layout, any size) is a `ValueError` naming the file and the tensor, never a crash. A map promises
+no more than mmap does: if the file is truncated while tensors map it (by another process, or by
+this one), touching a page past its new end raises SIGBUS, which kills the process and cannot be
+caught (the ``safetensors`` package's ``load_file`` copies the file, so it survives). Where another
+process may rewrite or truncate the file in place, pass ``copy=True`` to `load_file` or
+`safe_open`: the file is read once into private memory (a ``read()``, no map), so nothing done to
+it afterwards reaches the tensors. `save_file` never truncates: it writes a new file and renames it
+over the old one, which maps of the old file keep.
+
+`load` views a buffer held in memory: bytes-like data only (``bytes``, ``bytearray``, a 1-d uint8
+array: a C-contiguous 1-d buffer of single bytes), as the package's ``load`` takes ``bytes``. Its
+size is read from the one buffer export the tensors view, held while any tensor lives: the bytes
+checked are the bytes used, and a ``bytearray`` cannot be resized meanwhile (``BufferError``).
 """
 
 from __future__ import annotations
@@ -26,7 +40,7 @@ from typing import Any, Final
 
 from . import _safetensors
 from ._device import as_device
-from ._mapfile import MappedFile, as_path, check_mode, map_file
+from ._mapfile import MappedFile, as_path, check_mode, hold_bytes, map_file, read_file
 from ._safetensors import Header, build_tensor, parse_header
 from ._tensor import Tensor
 
@@ -63,63 +77,94 @@ def _check_device(device: object, api: str) -> None:
         raise ValueError(msg)
 
 
-def _open(filename: Any, mode: str, api: str) -> tuple[MappedFile, Header]:
+def _check_copy(copy: object, mode: str, api: str) -> bool:
+    if type(copy) is not bool:
+        msg = (
+            f"{api}(): copy must be True (read the file into memory) or False (map it); got "
+            f"{copy!r}. Pass a bool."
+        )
+        raise TypeError(msg)
+    if copy and mode == "r+":
+        msg = (
+            f"{api}(): copy=True reads the file into private memory, so writes could not reach "
+            f"the file; got mode='r+'. Pass mode='c' for writable tensors, or copy=False."
+        )
+        raise ValueError(msg)
+    return copy
+
+
+def _open(filename: Any, mode: str, copy: bool, api: str) -> tuple[MappedFile, Header]:
     _check_host(api)
-    mapped = map_file(as_path(filename, api), mode, api)
+    path = as_path(filename, api)
+    mapped = read_file(path, mode == "r", api) if copy else map_file(path, mode, api)
     header, _ = parse_header(mapped.read, mapped.size, mapped.name, api)
     return mapped, header
 
 
 def load_file(
-    filename: str | os.PathLike[str], device: Any = "cpu", *, mode: str = "r"
+    filename: str | os.PathLike[str], device: Any = "cpu", *, mode: str = "r", copy: bool = False
 ) -> dict[str, Tensor]:
-    """Every tensor of a safetensors file, each a zero-copy view of one memory map.
+    """Every tensor of a safetensors file: zero-copy views of one memory map, or of one copy.
+
+    Mapped (the default), loading costs the same for a file of any size and reads nothing until an
+    element is read. A file damaged before it is loaded is a `ValueError`; but if the file is
+    truncated while tensors map it, touching the lost bytes raises SIGBUS, as with any mmap, and
+    the process dies (a signal, not an exception). ``copy=True`` reads the whole file once into
+    private memory instead, as the ``safetensors`` package's ``load_file`` does: nothing done to
+    the file afterwards reaches the tensors.
 
     Args:
         filename: the file (``str`` or ``os.PathLike``).
-        device: ``"cpu"`` (the only device: the file is mapped into host memory).
+        device: ``"cpu"`` (the only device: the file is mapped or read into host memory).
         mode: ``"r"`` read-only (writes raise), ``"c"`` copy-on-write (writes stay in this
-            process) or ``"r+"`` (writes reach the file).
+            process) or ``"r+"`` (writes reach the file; not with ``copy=True``).
+        copy: (keyword-only, a tensorbridge extra) False maps the file; True reads it into one
+            private, 64-byte aligned allocation (a ``read()``, not a map) that the tensors view;
+            with ``mode="r"`` they are read-only, with ``mode="c"`` writable.
 
     Returns:
         The tensors by name, in the order of their data in the file.
 
     Raises:
         ValueError: the file is not a valid safetensors file (naming it and the tensor), holds a
-            dtype tensorbridge lacks, or ``mode``/``device`` is unsupported.
-        OSError: the file cannot be opened or mapped.
+            dtype tensorbridge lacks, or ``mode``/``device`` is unsupported, or ``copy=True`` with
+            ``mode="r+"``.
+        TypeError: ``copy`` is not a bool.
+        OSError: the file cannot be opened, mapped or read.
+
+    Example:
+        >>> tensors = load_file("model.safetensors", copy=True)  # survives a rewrite in place
     """
     api = "load_file"
     check_mode(mode, api)
+    copy = _check_copy(copy, mode, api)
     _check_device(device, api)
-    mapped, header = _open(filename, mode, api)
+    mapped, header = _open(filename, mode, copy, api)
     return {e.name: build_tensor(mapped, e, api) for e in header.entries}
 
 
 def load(data: Any) -> dict[str, Tensor]:
-    """Every tensor of a safetensors file held in memory (``bytes``, ``bytearray``, a buffer).
+    """Every tensor of a safetensors file held in memory: views of ``data``'s memory, no copy.
 
-    The tensors are views of ``data``'s memory, no copy, and keep it alive: read-only for
-    ``bytes``, writable for a writable buffer (writes reach it).
+    ``data`` must be bytes-like: ``bytes``, ``bytearray``, an ``mmap``, a 1-d uint8 NumPy array or
+    any C-contiguous, 1-d buffer of single bytes (format ``'B'``, ``'b'`` or ``'c'``); the
+    ``safetensors`` package's ``load`` takes ``bytes``. Other buffers (``array.array('f')``, a
+    memoryview cast to ``'i'``, a 2-d array) are refused rather than reinterpreted: pass
+    ``memoryview(x).cast('B')`` to view their bytes, or ``bytes(x)`` for a copy.
+
+    One buffer export is taken and held from the size check until the last tensor dies: the bytes
+    the header is checked against are the bytes the tensors view, and meanwhile a ``bytearray``
+    cannot be resized (``BufferError``). The tensors are read-only for ``bytes`` and read-only
+    buffers, writable for a writable buffer (writes reach it).
 
     Raises:
-        TypeError: ``data`` does not expose a buffer.
+        TypeError: ``data`` exposes no buffer, or not a bytes-like one.
         ValueError: the bytes are not a valid safetensors file.
     """
     api = "load"
     _check_host(api)
-    try:
-        view = memoryview(data)
-    except TypeError:
-        msg = (
-            f"{api}(): data must be bytes or another object exposing a buffer, not "
-            f"{type(data).__name__}; got {data!r:.80}. Pass the file's bytes."
-        )
-        raise TypeError(msg) from None
-    readonly, size = view.readonly, view.nbytes
-    view.release()
-    mapped = MappedFile("<bytes>", size, readonly, data if size else None)
-    header, _ = parse_header(mapped.read, size, "<bytes>", api)
+    mapped = hold_bytes(data, "<bytes>", api)
+    header, _ = parse_header(mapped.read, mapped.size, mapped.name, api)
     return {e.name: build_tensor(mapped, e, api) for e in header.entries}
 
 
@@ -248,7 +293,8 @@ class SafeSlice:
 
 
 class safe_open:
-    """A safetensors file opened lazily: tensors are built (as views of one map) when asked for.
+    """A safetensors file opened lazily: tensors are built (as views of one map, or of one copy
+    with ``copy=True``) when asked for.
 
     Args:
         filename: the file (``str`` or ``os.PathLike``).
@@ -258,6 +304,9 @@ class safe_open:
         device: ``"cpu"`` (the only device).
         mode: ``"r"``, ``"c"`` or ``"r+"`` as in `load_file`; None (the default) is ``"c"`` for
             PyTorch, which has no read-only tensors, and ``"r"`` otherwise.
+        copy: (keyword-only) False maps the file, as `load_file` does (a truncation of the file
+            while tensors map it is a SIGBUS); True reads the whole file into private memory once,
+            at open, and the tensors view that copy, which nothing done to the file reaches.
 
     Example:
         >>> with safe_open("model.safetensors", framework="np") as f:
@@ -271,6 +320,7 @@ class safe_open:
         device: Any = "cpu",
         *,
         mode: str | None = None,
+        copy: bool = False,
     ) -> None:
         api = "safe_open"
         kind = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
@@ -283,10 +333,11 @@ class safe_open:
         if mode is None:
             mode = "c" if kind == "pt" else "r"
         check_mode(mode, api)
+        copy = _check_copy(copy, mode, api)
         _check_device(device, api)
         self._framework = kind
         self._mapped: MappedFile | None
-        self._mapped, self._header = _open(filename, mode, api)
+        self._mapped, self._header = _open(filename, mode, copy, api)
 
     def __enter__(self) -> safe_open:
         return self
