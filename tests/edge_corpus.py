@@ -29,6 +29,7 @@ import sys
 import tempfile
 import weakref
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from typing import Any
 
 import tensorbridge as tb
@@ -233,7 +234,7 @@ def area_safetensors_buffers(count: int, rng: random.Random) -> Tally:
     makers: list[Callable[[bytes], Any]] = [
         lambda b: array.array("f", b[: len(b) // 4 * 4]),
         lambda b: memoryview(b[: len(b) // 4 * 4]).cast("i"),
-        lambda b: memoryview(bytearray(b)).cast("B", (len(b), 1)),
+        lambda b: memoryview(bytearray(b or b"x")).cast("B", (len(b or b"x"), 1)),
         lambda b: memoryview(b)[::2],
         lambda b: memoryview(b),
         lambda b: bytearray(b),
@@ -459,6 +460,11 @@ def area_shared_names(count: int, rng: random.Random) -> Tally:
             gone = {n for n in before - _shm_names() if n in (base, stranger)}  # not ours to unlink
             if gone:
                 tally.leak(f"#{i} {name!r}", f"unlinked {sorted(gone)}")
+            if name in _shm_names() and name.startswith(base + "."):
+                # a refused genuine link stays, as the rule says; the corpus, which made it,
+                # unlinks it (and tells the tracker) so that nothing is left for exit
+                os.unlink(f"/dev/shm/{name}")
+                resource_tracker.unregister("/" + name, "shared_memory")
         try:
             again = _shared.process_args(owner)  # the owner can still send its tensor
         except OSError as exc:
@@ -469,6 +475,10 @@ def area_shared_names(count: int, rng: random.Random) -> Tally:
     finally:
         with contextlib.suppress(FileNotFoundError):  # a defect unlinks it: counted as a leak
             os.unlink(f"/dev/shm/{stranger}")
+        for name in _shm_names():  # the links the corpus made and nobody took over (`first`)
+            if name.startswith(base + ".") and name not in _shared._OWNED:
+                os.unlink(f"/dev/shm/{name}")
+                resource_tracker.unregister("/" + name, "shared_memory")
     return tally
 
 
