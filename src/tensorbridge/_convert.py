@@ -14,12 +14,34 @@ path                        taken for
 ``"cuda_array_interface"``  ``__cuda_array_interface__`` (Numba, CuPy, ...)
 ``"array_interface"``       ``__array_interface__``
 ``"buffer"``                the buffer protocol, dtype taken from the buffer's format (PyTorch ignores it)
+``"array"``                 ``__array__`` (Dask, xarray, pandas, TensorFlow variables, ...): the
+                            NumPy array it returns (`_import_array`)
 ``"sequence"``/``"scalar"`` anything else: nested sequences and scalars, copied by `tensor`
 ==========================  ==========================================================================
 
-A producer that refuses ``__dlpack__`` with a `BufferError` (NumPy before 2.1 refuses read-only and
-broadcast arrays) is read through the next protocol in the table that it offers; when that fails too,
-its refusal is raised.
+A protocol whose importer refuses the object with a `BufferError` (NumPy before 2.1 refuses
+read-only and broadcast arrays through ``__dlpack__``; an Arrow stream of structs, as a pandas
+DataFrame or an xarray DataArray gives, has no tensor form) is followed by the next protocol in the
+table that the object offers; when that fails too, the first refusal is raised, unless the later
+protocol refused ``copy=False`` (`ValueError`), which answers what the caller asked.
+
+``__array__`` is called as NumPy 2 calls it: ``__array__()``, ``__array__(dtype)`` when a dtype NumPy
+names is asked, with ``copy=`` as a keyword when ``copy`` is not None; an implementation that does
+not take ``copy`` (its `TypeError` says "unexpected keyword argument 'copy'") is called again
+without it, silently. The array returned is imported as `asarray` imports any ndarray (zero-copy:
+the tensor holds that array, which holds its ``base``), so the tensor shares whatever memory the
+array does. Whether that memory is the object's own cannot always be told; what can be proved is
+the opposite, that the array is **private**: it owns its memory (``base`` is None, or a chain of
+ndarrays ending in one that owns its data) and nothing but that chain refers to any array in it,
+so nothing else, the object included, can reach the memory. The rule:
+
+* ``copy=None``: the array is imported as it is.
+* ``copy=True``: ``__array__(copy=True)`` makes the copy; the result is copied again only when it
+  is not provably private (a producer that ignored ``copy``).
+* ``copy=False``: the object must take ``copy=False`` (NumPy 2's promise: it raises when it cannot
+  avoid a copy) and its array must not be provably private (Dask computes a new array whatever
+  ``copy`` says; a TensorFlow variable's ``__array__`` takes no ``copy`` and reads a snapshot);
+  else NumPy's `ValueError`, "Unable to avoid copy while creating an array as requested".
 
 A NumPy array is read through its buffer (format, shape, strides, read-only: everything its
 ``__dlpack__`` would say of host memory), as PyTorch reads one through NumPy's C API: one C call
@@ -63,6 +85,7 @@ _DLPACK: Final = "dlpack"
 _CUDA_ARRAY_INTERFACE: Final = "cuda_array_interface"
 _ARRAY_INTERFACE: Final = "array_interface"
 _BUFFER: Final = "buffer"
+_ARRAY: Final = "array"
 _SEQUENCE: Final = "sequence"
 _SCALAR: Final = "scalar"
 
@@ -78,7 +101,14 @@ _BY_ATTRIBUTE: Final = (
 # DLPack path calls `from_dlpack` on the object itself.
 _VALUE_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _CUDA_ARRAY_INTERFACE, _ARRAY_INTERFACE})
 # Protocols an instance attribute cannot take from its type: methods, looked up on the type.
-_METHOD_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _NDARRAY, _DLPACK})
+_METHOD_PATHS: Final = frozenset({_ARROW, _ARROW_STREAM, _NDARRAY, _DLPACK, _ARRAY})
+# The protocols a refusal falls through to, in order, after each path (`_after`): those found by
+# attribute after it, then the buffer protocol and ``__array__``.
+_AFTER: Final = {
+    **{path: _BY_ATTRIBUTE[i + 1 :] for i, (path, _name) in enumerate(_BY_ATTRIBUTE)},
+    _BUFFER: (),
+    _ARRAY: (),
+}
 
 # The path of each type whose instances all take the same one, and the attribute `_import` then
 # reads: `asarray` probes a type once, as `from_dlpack` does. Seeded with the built-in types
@@ -132,6 +162,8 @@ def _probe(obj: Any) -> tuple[str, Any]:
             attribute = None
             if _capi.PyObject_CheckBuffer(obj):
                 path = _BUFFER
+            elif getattr(obj, "__array__", None) is not None:
+                path = _ARRAY  # only here: a type that takes an earlier door never looks
             else:
                 path = _SCALAR if isinstance(obj, numbers.Number) else _SEQUENCE
         if path is _DLPACK and _is_ndarray(cls):
@@ -173,14 +205,18 @@ def _type_decides(cls: type, path: str, attribute: str | None) -> bool:
     True when attribute lookup is the standard one (no ``__getattribute__`` or ``__getattr__`` of
     the type's own, in Python or in C: `_capi.has_generic_getattr`), the protocols are found on the type itself (the chosen one there, none of
     those before it), and an instance cannot add one: it has no ``__dict__``, or the protocol is a
-    method (``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``), which tensorbridge,
-    like Python's special methods, takes from the type. A type changed after its first conversion
-    keeps its first answer.
+    method (``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``, ``__array__``), which
+    tensorbridge, like Python's special methods, takes from the type. A type changed after its
+    first conversion keeps its first answer.
     """
     if not _capi.has_generic_getattr(cls) or hasattr(cls, "__getattr__"):
         return False
     if cls.__dictoffset__ and path not in _METHOD_PATHS and path != _TENSOR:
         return False
+    if (path is _ARRAY or path is _SEQUENCE or path is _SCALAR) and (path is _ARRAY) != (
+        getattr(cls, "__array__", None) is not None
+    ):
+        return False  # an instance's own __array__, or one the type has and this one turned down
     for _path, name in _BY_ATTRIBUTE:
         on_type = getattr(cls, name, None) is not None
         if name == attribute:
@@ -190,14 +226,43 @@ def _type_decides(cls: type, path: str, attribute: str | None) -> bool:
     return True
 
 
-def _after_dlpack(obj: Any) -> tuple[str, Any] | None:
-    """The protocol `asarray` would take for ``obj`` if it had no ``__dlpack__``, if any."""
-    for path, attribute in _BY_ATTRIBUTE[_BY_ATTRIBUTE.index((_DLPACK, "__dlpack__")) + 1 :]:
+def _after(path: str, obj: Any) -> tuple[str, Any] | None:
+    """The protocol `asarray` would take for ``obj`` if it offered none up to ``path``, if any."""
+    for after, attribute in _AFTER[path]:
         value = getattr(obj, attribute, None)
         if value is not None:
-            return path, value
-    if _capi.PyObject_CheckBuffer(obj):
+            return after, value
+    if path is not _BUFFER and path is not _ARRAY and _capi.PyObject_CheckBuffer(obj):
         return _BUFFER, None
+    if path is not _ARRAY:
+        method = getattr(obj, "__array__", None)
+        if method is not None:
+            return _ARRAY, method
+    return None
+
+
+def _fall_through(
+    refusal: BufferError,
+    path: str,
+    obj: Any,
+    device: Device | None,
+    copy: bool | None,
+    dtype: DType | None,
+    api: str,
+) -> tuple[Tensor, bool] | None:
+    """The next protocol ``obj`` offers after ``path``, whose importer refused it with
+    ``refusal``; None when there is none or it fails too (the caller raises ``refusal``), except a
+    later ``copy=False`` refusal (`ValueError`), raised as the answer to what was asked."""
+    after = _after(path, obj)
+    if after is None:
+        return None
+    try:
+        return _import(after[0], obj, after[1], device, copy, dtype, api)
+    except ValueError:
+        if copy is False:
+            raise
+    except Exception:  # the first refusal, raised by the caller, says more
+        pass
     return None
 
 
@@ -255,12 +320,9 @@ def _import(
         try:
             t = _dlpack.from_dlpack(obj, device=device, copy=True if producer_copies else copy)
         except BufferError as refusal:
-            after = _after_dlpack(obj)
-            if after is not None:
-                try:
-                    return _import(after[0], obj, after[1], device, copy, dtype, api)
-                except Exception:  # the producer's refusal, re-raised below, says more
-                    pass
+            later = _fall_through(refusal, _DLPACK, obj, device, copy, dtype, api)
+            if later is not None:
+                return later
             raise _as_called(refusal, api) from refusal.__cause__
         except Exception as exc:
             raise _as_called(exc, api) from exc.__cause__
@@ -270,15 +332,141 @@ def _import(
             return _dlpack.from_dlpack(obj), False
         except Exception as exc:
             raise _as_called(exc, api) from exc.__cause__
-    if path is _ARROW:
-        return _interfaces.import_arrow_array(found, copy, api)
-    if path is _ARROW_STREAM:
-        return _interfaces.import_arrow_stream(found, copy, api)
-    if path is _CUDA_ARRAY_INTERFACE:
-        return _interfaces.import_cuda_array_interface(obj, found, api), False
-    if path is _ARRAY_INTERFACE:
-        return _interfaces.import_array_interface(obj, found, api, copy is False), False
-    return import_buffer(obj, api), False
+    try:
+        if path is _ARROW:
+            return _interfaces.import_arrow_array(found, copy, api)
+        if path is _ARROW_STREAM:
+            return _interfaces.import_arrow_stream(found, copy, api)
+        if path is _CUDA_ARRAY_INTERFACE:
+            return _interfaces.import_cuda_array_interface(obj, found, api), False
+        if path is _ARRAY_INTERFACE:
+            return _interfaces.import_array_interface(obj, found, api, copy is False), False
+        if path is _ARRAY:
+            return _import_array(obj, copy, dtype, api)
+        return import_buffer(obj, api), False
+    except BufferError as refusal:
+        later = _fall_through(refusal, path, obj, device, copy, dtype, api)
+        if later is not None:
+            return later
+        raise
+
+
+_COPY_KEYWORD: Final = "unexpected keyword argument 'copy'"
+
+
+def _call_array(obj: Any, copy: bool | None, dtype: DType | None) -> tuple[Any, bool]:
+    """``obj.__array__`` called as NumPy 2 calls it, and whether it took ``copy``: ``dtype`` (as a
+    NumPy dtype, when NumPy names it) positionally, ``copy`` as a keyword when not None; called
+    again without ``copy`` when the implementation does not take it (NumPy warns then; tensorbridge
+    does not)."""
+    method = obj.__array__
+    args: tuple[Any, ...] = ()
+    numpy = sys.modules.get("numpy")
+    if dtype is not None and dtype.typestr is not None and numpy is not None:
+        args = (numpy.dtype(dtype.typestr),)
+    if copy is None:
+        return method(*args), False
+    try:
+        return method(*args, copy=copy), True
+    except TypeError as exc:
+        if _COPY_KEYWORD not in str(exc):
+            raise
+    return method(*args), False
+
+
+def _chain_counts(array: Any) -> list[int]:
+    """The reference counts of ``array`` and of each object in its ``base`` chain, as seen here."""
+    counts = [sys.getrefcount(array)]
+    base = array.base
+    while base is not None:
+        counts.append(sys.getrefcount(base))
+        base = getattr(base, "base", None)
+    return counts
+
+
+class _Link:
+    """A stand-in for an ndarray and its ``base`` in `_UNSHARED`'s measurement."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+
+def _unshared_counts() -> tuple[int, int]:
+    """What `_chain_counts` sees of an array held by one local only and of a base held by its
+    array only, measured the way `_import_array` measures (the interpreter's own references to an
+    argument differ between versions and builds)."""
+    array = _Link(_Link(None))
+    counts = _chain_counts(array)
+    return counts[0], counts[1]
+
+
+_UNSHARED: Final = _unshared_counts()
+
+
+def _is_private(array: Any, counts: list[int]) -> bool:
+    """Whether nothing but ``array`` can reach its memory, given its `_chain_counts`: the
+    ``base`` chain is ndarrays ending in one that owns its data (NumPy's ``OWNDATA``), and nothing
+    refers to the array or any base but the chain itself (and the caller's one local)."""
+    ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
+    if ndarray is None or counts[0] > _UNSHARED[0]:
+        return False
+    if any(count > _UNSHARED[1] for count in counts[1:]):
+        return False
+    root = array
+    while root.base is not None:
+        root = root.base
+        if not isinstance(root, ndarray):
+            return False
+    return bool(root.flags.owndata)
+
+
+def _copy_refusal(obj: Any, reason: str, api: str) -> ValueError:
+    """NumPy 2's refusal of ``copy=False`` where a copy is needed, naming the call and the fix."""
+    cls = type(obj)
+    msg = (
+        f"{api}(): Unable to avoid copy while creating an array as requested: "
+        f"{short_repr(obj)} ({cls.__module__}.{cls.__qualname__}) {reason}. Pass copy=None "
+        f"(a copy when needed) or copy=True."
+    )
+    return ValueError(msg)
+
+
+def _import_array(
+    obj: Any, copy: bool | None, dtype: DType | None, api: str
+) -> tuple[Tensor, bool]:
+    """The ``"array"`` path: the tensor over the NumPy array ``obj.__array__`` returns, and whether
+    it is a private copy (the module docstring has the rule)."""
+    try:
+        array, took_copy = _call_array(obj, copy, dtype)
+    except ValueError as exc:
+        if copy is not False:
+            raise
+        raise _copy_refusal(obj, f"refused copy=False in __array__ ({exc})", api) from exc
+    numpy = sys.modules.get("numpy")
+    ndarray = getattr(numpy, "ndarray", None)
+    if ndarray is None or not isinstance(array, ndarray):
+        msg = (
+            f"{api}(): {type(obj).__qualname__}.__array__() must return a numpy.ndarray; got "
+            f"{short_repr(array)} ({type(array).__qualname__}). Fix the __array__ method, or pass "
+            f"an array."
+        )
+        raise TypeError(msg)
+    counts = _chain_counts(array)
+    private = _is_private(array, counts)
+    if copy is False:
+        if not took_copy:
+            raise _copy_refusal(
+                obj, "has an __array__ that does not take copy=, so it cannot promise one", api
+            )
+        if private:
+            raise _copy_refusal(
+                obj, "returned a new array from __array__(copy=False), which owns its memory", api
+            )
+    path, found = _dispatch(array)
+    t, _copied = _import(path, array, found, None, None, None, api)
+    return t, private
 
 
 def _same_device(have: Device, want: Device) -> bool:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import builtins
 import enum
+import operator
 from typing import Any, Final
 
-__all__ = ["ADDRESSABLE_TYPES", "HOST_TYPES", "DLDeviceType", "Device", "device"]
+from ._errors import short_repr
+
+__all__ = ["ADDRESSABLE_TYPES", "HOST_TYPES", "DLDeviceType", "Device", "device", "dlpack_pair"]
 
 
 class DLDeviceType(enum.IntEnum):
@@ -48,6 +51,45 @@ ADDRESSABLE_TYPES: Final = HOST_TYPES | {
     int(DLDeviceType.kDLROCM),
     int(DLDeviceType.kDLOneAPI),
 }
+
+
+def dlpack_pair(value: Any, api: str, owner: str) -> tuple[int, int]:
+    """What a producer's ``__dlpack_device__()`` returned, as a ``(device_type, device_id)`` pair
+    of Python ints: the one reading of that pair, for every caller.
+
+    Producers disagree on the spelling: PyTorch returns `IntEnum` members, PaddlePaddle returns
+    ``(kDLCPU, None)`` for its CPU tensors, others return NumPy integers or a list. Accepted: a
+    tuple or list of two integers (anything with ``__index__`` but `bool`); on a host device
+    (`HOST_TYPES`) the id may be None or missing (a one-element sequence), and means 0, the only
+    host device. Anything else is a `TypeError` naming ``api`` (the function the user called) and
+    the producer type ``owner``.
+    """
+    if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int:
+        return value  # the common spelling, as it is
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2):
+        kind = _as_index(value[0])
+        given = value[1] if len(value) == 2 else None
+        index = 0 if given is None and kind in HOST_TYPES else _as_index(given)
+        if kind is not None and index is not None:
+            return kind, index
+    msg = (
+        f"{api}(): {owner}.__dlpack_device__() must return a (device_type, device_id) tuple of "
+        f"ints (device_id may be None for host memory); got {short_repr(value)}. The producer is "
+        f"broken; pass its capsule (__dlpack__()) instead."
+    )
+    raise TypeError(msg)
+
+
+def _as_index(value: Any) -> int | None:
+    """``value`` as a Python int (an `IntEnum` member, a NumPy integer); None for a `bool` or a
+    non-integer."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
 
 # tensorbridge device-type names, one per DLPack device type. Device types that PyTorch names
 # differently are accepted under PyTorch's name too (_ALIASES).

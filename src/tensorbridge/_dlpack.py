@@ -12,16 +12,28 @@ Deviations from PyTorch 2.13 (each one deliberate):
 
 * ``READ_ONLY`` capsules import read-only.
 * Legacy (flagless) capsules import **writable**, as in PyTorch (NumPy makes them read-only),
-  except from a producer that also speaks the Arrow C data interface (pyarrow 15 exports legacy
-  capsules only): Arrow memory is immutable, so those capsules import read-only.
+  except from a producer whose arrays are immutable values. Such a producer is decided once per
+  type: one whose type (or a base) comes from a library in `IMMUTABLE_PRODUCERS` (``jax``,
+  ``jaxlib``, ``tensorflow``: JAX arrays and TensorFlow tensors export flagless legacy capsules
+  only), or one that also speaks the Arrow C data interface (pyarrow 15 exports legacy capsules
+  only). Every capsule such a producer hands over, legacy or versioned, imports read-only, through
+  ``from_dlpack`` and ``asarray`` alike; ``copy=True`` gives a private writable copy. A bare
+  capsule says nothing of its producer and follows the rule above.
+* ``__dlpack_device__()`` may return IntEnum members, NumPy integers, a list, or None (or no id)
+  for the id of host memory (PaddlePaddle's ``(kDLCPU, None)``); anything else is a `TypeError`
+  (`_device.dlpack_pair`).
 * Non-producers (`NotDLPackError`, a `TypeError` and an `AttributeError`), foreign capsules
   (`TypeError`) and consumed capsules (PyTorch's `RuntimeError`) get three distinct errors, where
   PyTorch raises its "invalid capsule" `RuntimeError` for all three.
-* A producer is asked again with fewer keywords only when its signature rejected them (a
-  ``__dlpack__`` older than the 2023.12 array API, such as NumPy's before 2.1), and only with the
-  keywords it takes: never when a ``device`` move or a device ``copy`` would be lost. A
-  ``copy=True`` request it cannot take is met by copying the imported host memory. PyTorch
-  retries on every `TypeError`, even ones unrelated to the keywords.
+* A producer is asked again with fewer keywords only when its `TypeError` says the arguments were
+  refused ("unexpected keyword argument", "takes no keyword arguments", pybind11's and nanobind's
+  "incompatible function arguments", ...: a ``__dlpack__`` older than the 2023.12 array API, such
+  as NumPy's before 2.1 or ONNX Runtime's ``OrtValue``), and only with the keywords it takes (its
+  signature, the keyword the error names, or the overloads pybind11 lists): never when a
+  ``device`` move, a ``stream`` or a device ``copy`` would be lost. A ``copy=True`` request it
+  cannot take is met by copying the imported host memory. Any other `TypeError` propagates
+  unchanged. PyTorch retries on every `TypeError`; NumPy retries on every one with no keywords at
+  all, when ``device`` and ``copy`` are None.
 * Imports keep negative strides as they are.
 * A PyTorch negative-bit view is resolved before import (PyTorch exports it without its sign).
 * Memory that is not host-accessible (CUDA, ROCm, Metal, ...) is carried as it is and never
@@ -32,7 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
-import operator
+import re
 import struct
 import sys
 from typing import Any, Final
@@ -40,7 +52,7 @@ from typing import Any, Final
 from . import _capi, _native
 from ._args import GRAD_MSG_EXPORT, as_copy
 from ._cache import TypeTable, remember, remember_type
-from ._device import ADDRESSABLE_TYPES, CPU, HOST_TYPES, Device, DLDeviceType
+from ._device import ADDRESSABLE_TYPES, CPU, HOST_TYPES, Device, DLDeviceType, dlpack_pair
 from ._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -230,11 +242,10 @@ class _Producer:
             typed: torch.Tensor and its subclasses), which are resolved before export: PyTorch
             exports them without their sign.
         exchange: the C exchange API the type itself advertises, major version 1; None without.
-        immutable: the type also speaks the Arrow C data interface (``__arrow_c_array__``), whose
-            memory is immutable: its legacy capsules, which cannot say ``READ_ONLY``, are imported
-            read-only. pyarrow 15 exports only such capsules (pyarrow 26 answers ``max_version``
-            with READ_ONLY versioned ones); writing through them would change an Arrow array
-            that every other view of it takes for constant.
+        immutable: the type's instances are immutable values (`_immutable`), so whatever
+            capsule they export, legacy (which cannot say ``READ_ONLY``) or versioned, is imported
+            read-only: writing through it would change an array that every other view of it
+            takes for constant.
         screen: for ``torch.Tensor``, ``torch.strided``: its exchange function checks less than
             its ``__dlpack__`` (no autograd, conjugate or negative bit, layout), so tensors with any
             of those take the ``__dlpack__`` path, which refuses or resolves them as before.
@@ -252,10 +263,31 @@ class _Producer:
             for name in ("__dlpack__", "__dlpack_device__")
         )
         self.neg_bit = hasattr(cls, "is_neg") and hasattr(cls, "resolve_neg")
-        self.immutable = hasattr(cls, "__arrow_c_array__")
+        self.immutable = _immutable(cls)
         self.exchange = exchange_api_of(cls)
         torch = sys.modules.get("torch")
         self.screen = torch.strided if torch is not None and cls is torch.Tensor else None
+
+
+# The top-level modules of the libraries whose arrays are immutable values and whose ``__dlpack__``
+# does not say so: JAX (``jaxlib._jax.ArrayImpl``, the ``jax.Array`` base) and TensorFlow
+# (``tensorflow.python.framework.ops.EagerTensor``) export legacy capsules only, even when asked for
+# ``max_version``; JAX's own ``np.asarray`` of an array is read-only.
+IMMUTABLE_PRODUCERS: Final = frozenset({"jax", "jaxlib", "tensorflow"})
+
+
+def _immutable(cls: type) -> bool:
+    """True when instances of ``cls`` hand out memory that must not be written (decided once per
+    type): the type, or one of its bases, comes from a library in `IMMUTABLE_PRODUCERS`, or the type
+    also speaks the Arrow C data interface (``__arrow_c_array__``: Arrow memory is immutable;
+    pyarrow 15 exports legacy capsules only, pyarrow 26 versioned ones flagged ``READ_ONLY``)."""
+    if hasattr(cls, "__arrow_c_array__"):
+        return True
+    for base in cls.__mro__:
+        module = getattr(base, "__module__", None)
+        if isinstance(module, str) and module.partition(".")[0] in IMMUTABLE_PRODUCERS:
+            return True
+    return False
 
 
 # Keyed by ``id(cls)`` and holding no type (`_cache.TypeTable`): a producer class made on the fly
@@ -289,7 +321,7 @@ def _exchange_import(producer: _Producer, obj: Any) -> Tensor | None:
         return None
     # The managed tensor is ours from here on: its deleter runs exactly once, whatever happens.
     try:
-        t, deleter = _versioned(managed)
+        t, deleter = _versioned(managed, producer.immutable)
     except BaseException:
         _release_unowned(managed)
         raise
@@ -332,7 +364,8 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
         and type(source[0]) is int
         and type(source[1]) is int
     ):
-        source = _device_pair(obj, source)  # an IntEnum pair (PyTorch), a list, or garbage
+        # An IntEnum pair (PyTorch), (kDLCPU, None) (PaddlePaddle), NumPy integers, or garbage.
+        source = dlpack_pair(source, "from_dlpack", type(obj).__name__)
     if target is None and copy is None and (source is None or source[0] in HOST_TYPES):
         kwargs: dict[str, Any] = _MAX_VERSION_ONLY
     else:
@@ -343,10 +376,9 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
         else:
             capsule = obj.__dlpack__(**kwargs)
     except TypeError as exc:
-        fewer = _fewer_keywords(obj, obj.__dlpack__, exc, kwargs, source, target, copy)
-        if fewer is None:
-            raise
-        capsule = obj.__dlpack__(**fewer)  # a failure here keeps the first TypeError as its context
+        capsule = _ask_again(obj, exc, kwargs, kwargs, source, target, copy)
+        if capsule is None:
+            raise  # not about the keywords: the producer's own error
     if type(capsule) is not _CapsuleType:
         msg = (
             f"from_dlpack(): {type(obj).__name__}.__dlpack__() returned an object of type "
@@ -354,23 +386,6 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
         )
         raise TypeError(msg)
     return capsule
-
-
-def _device_pair(obj: Any, source: Any) -> tuple[int, int]:
-    """What ``__dlpack_device__`` returned, as a ``(device_type, device_id)`` pair of ints."""
-    if isinstance(source, (tuple, list)) and len(source) == 2:
-        try:
-            pair = tuple(operator.index(v) if not isinstance(v, bool) else None for v in source)
-        except TypeError:
-            pair = (None, None)
-        if None not in pair:
-            return pair  # type: ignore[return-value]
-    msg = (
-        f"from_dlpack(): {type(obj).__name__}.__dlpack_device__() must return a (device_type, "
-        f"device_id) tuple of ints; got {short_repr(source)}. The producer is broken; pass its "
-        f"capsule (__dlpack__()) instead."
-    )
-    raise TypeError(msg)
 
 
 def _request_kwargs(
@@ -407,11 +422,61 @@ def _resolve_neg(obj: Any, copy: bool | None) -> Any:
     return obj.resolve_neg()
 
 
-def _fewer_keywords(
+def _ask_again(
     obj: Any,
-    export: Any,
     exc: TypeError,
     kwargs: dict[str, Any],
+    first: dict[str, Any],
+    source: tuple[int, int] | None,
+    target: Device | None,
+    copy: bool | None,
+) -> Any:
+    """The capsule of ``obj.__dlpack__`` asked again with the keywords ``exc`` says it takes; None
+    when ``exc`` is not about the keywords ``kwargs`` (the caller raises it).
+
+    Each try drops at least one keyword, so there are at most as many as keywords were asked for
+    (``first``). A try that fails again is raised while handling the failure before it, which stays
+    its context.
+    """
+    fewer = _fewer_keywords(obj, exc, kwargs, first, source, target, copy)
+    if fewer is None:
+        return None
+    try:
+        return obj.__dlpack__(**fewer)
+    except TypeError as again:
+        capsule = _ask_again(obj, again, fewer, first, source, target, copy)
+        if capsule is None:
+            raise
+        return capsule
+
+
+# What a `TypeError` says when the call's arguments were refused, as CPython, Cython, pybind11,
+# nanobind, Boost.Python and SWIG word it ("got an unexpected keyword argument 'copy'", "'copy' is
+# an invalid keyword argument for ...", "takes no keyword arguments", "incompatible function
+# arguments", "did not match C++ signature", "Wrong number or type of arguments"). Any other
+# `TypeError` is about something else and propagates (PyTorch 2.13 retries on every one).
+_ARGUMENTS_REFUSED: Final = re.compile(
+    r"keyword argument|incompatible function arguments|did not match C\+\+ signature|"
+    r"wrong number or type of arguments",
+    re.IGNORECASE,
+)
+# The keyword such a message names.
+_NAMED_KEYWORD: Final = re.compile(
+    r"unexpected keyword argument '(\w+)'|'(\w+)' is an invalid keyword argument"
+)
+# One signature in pybind11's and nanobind's list of overloads: "1. (self: T, stream: object =
+# None) -> object" (pybind11), "1. __dlpack__(self, stream: object | None = None) -> object"
+# (nanobind).
+_OVERLOAD: Final = re.compile(r"^\s*\d+\.\s*[\w.]*\((.*)\)\s*->", re.MULTILINE)
+# A listed parameter's name ("stream: object = None", "*", "/" and "*args" list no keyword).
+_PARAM_NAME: Final = re.compile(r"(\w+)")
+
+
+def _fewer_keywords(
+    obj: Any,
+    exc: TypeError,
+    kwargs: dict[str, Any],
+    first: dict[str, Any],
     source: tuple[int, int] | None,
     target: Device | None,
     copy: bool | None,
@@ -419,27 +484,26 @@ def _fewer_keywords(
     """The keywords to ask again with, after ``exc``; None when ``exc`` is not about them.
 
     ``__dlpack__`` before the 2023.12 array API takes ``stream`` only (NumPy before 2.1 takes no
-    ``max_version``, ``dl_device`` or ``copy``): it is asked again with the keywords its signature
-    takes (``stream`` alone for a builtin without one). Dropping ``max_version`` costs nothing (the
-    capsule says which kind it is); a ``copy=True`` the producer cannot take is made up for by
-    copying host memory after the import, and ``copy=False`` holds anyway, since an old
-    ``__dlpack__`` never copies. What cannot be made up for is refused with a `TypeError`: a copy
-    of memory that is not known to be on the host, a move to another device, or a ``stream`` the
-    producer must order the data on.
+    ``max_version``, ``dl_device`` or ``copy``; ONNX Runtime's pybind11 ``OrtValue`` takes
+    ``stream`` only). What it takes is read, in order, from its signature, from the keyword the
+    error names, from "takes no keyword arguments", and from the overloads pybind11 and nanobind
+    list; a builtin that says none of these is taken to accept ``stream``, the keyword every
+    version takes. Dropping ``max_version`` costs nothing (the capsule says which kind it is); a
+    ``copy=True`` the producer cannot take is made up for by copying host memory after the import,
+    and ``copy=False`` holds anyway, since an old ``__dlpack__`` never copies. What cannot be made
+    up for is refused with a `TypeError`: a copy of memory that is not known to be on the host, a
+    move to another device, or a ``stream`` the producer must order the data on.
     """
-    if "keyword" not in str(exc):
+    text = str(exc)
+    if _ARGUMENTS_REFUSED.search(text) is None:
         return None
-    try:
-        params: Any = inspect.signature(export).parameters
-    except (TypeError, ValueError):
-        params = ("stream",)  # a builtin without a signature: the keyword every version takes
-    else:
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return None
-    fewer = {name: value for name, value in kwargs.items() if name in params}
-    lost = [name for name in kwargs if name not in fewer]
-    if not lost:
+    takes = _keywords_taken(obj.__dlpack__, text)
+    if takes is None:
+        return None
+    fewer = {name: value for name, value in kwargs.items() if name in takes}
+    if len(fewer) == len(kwargs):
         return None  # the producer takes every keyword: the error is about something else
+    lost = [name for name in first if name not in fewer]
     host = source is not None and source[0] in HOST_TYPES
     moved = (
         "dl_device" in lost
@@ -448,13 +512,73 @@ def _fewer_keywords(
         and _needs_move(source, target)
     )
     if ("copy" in lost and copy and not host) or "stream" in lost or moved:
+        said = text.splitlines()[0] if text else type(exc).__name__
         msg = (
             f"from_dlpack(): {type(obj).__name__}.__dlpack__() does not take the keywords "
-            f"{lost} ({exc}), and tensorbridge cannot do without them for memory on device "
+            f"{lost} ({said}), and tensorbridge cannot do without them for memory on device "
             f"{source}. Call from_dlpack() without device= and copy=, or upgrade the producer."
         )
         raise TypeError(msg) from exc
     return fewer
+
+
+def _keywords_taken(export: Any, text: str) -> Any:
+    """The keyword names ``export`` (a bound ``__dlpack__``) takes, as a container; None when
+    neither its signature nor ``text``, its refusal, tells."""
+    try:
+        params = inspect.signature(export).parameters
+    except (TypeError, ValueError):  # a builtin (pybind11, nanobind, C) without a signature
+        signed = False
+    else:
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return params
+        signed = True  # takes **kwargs: only the refusal's text can tell
+    named = _NAMED_KEYWORD.search(text)
+    if named is not None:
+        return _AllBut(named.group(1) or named.group(2))
+    if "takes no keyword arguments" in text:
+        return ()
+    overloads = _OVERLOAD.findall(text)
+    if overloads:
+        names: set[str] = set()
+        for listed in overloads:
+            for param in _split_params(listed):
+                if param.startswith("**"):
+                    return None  # an overload takes any keyword: the error is about another thing
+                found = _PARAM_NAME.match(param)
+                if found is not None:
+                    names.add(found.group(1))
+        return names
+    return None if signed else ("stream",)
+
+
+class _AllBut:
+    """Every keyword but the one a refusal named, as a container."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __contains__(self, name: object) -> bool:
+        return name != self.name
+
+
+def _split_params(listed: str) -> list[str]:
+    """The parameters of one listed signature, split at the commas outside brackets."""
+    params: list[str] = []
+    depth = 0
+    start = 0
+    for i, char in enumerate(listed):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            params.append(listed[start:i].strip())
+            start = i + 1
+    params.append(listed[start:].strip())
+    return params
 
 
 def _consume(capsule: Any, immutable: bool = False) -> Tensor:
@@ -469,8 +593,8 @@ def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
 
     Returns the tensor (its storage not yet armed), the ``used_*`` name and the deleter address. On
     any error the capsule is left as it was, so its destructor still frees the producer's memory.
-    ``immutable``: the producer's memory is immutable, so a legacy capsule, which cannot say
-    ``READ_ONLY``, is imported read-only.
+    ``immutable``: the producer's memory is immutable (`_immutable`), so the capsule, whether or
+    not it says ``READ_ONLY`` (a legacy capsule cannot), is imported read-only.
     """
     if type(capsule) is not _CapsuleType:
         raise _not_a_producer(capsule)
@@ -482,13 +606,13 @@ def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
             read(LEGACY, managed)
         )
         # A legacy capsule cannot say read-only: like PyTorch, tensorbridge imports it writable,
-        # unless its producer is known to hand out immutable memory.
+        # unless its producer is known to hand out immutable memory (`_immutable`).
         t = _tensor(
             managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,
             immutable, False,
         )  # fmt: skip
         return t, USED_DLTENSOR, deleter
-    t, deleter = _versioned(managed)
+    t, deleter = _versioned(managed, immutable)
     return t, USED_DLTENSOR_VERSIONED, deleter
 
 
@@ -524,9 +648,10 @@ def _deleter_function(address: int) -> Any:
     return fn if fn is not None else remember(_DELETERS, address, _native.VoidFunction(address))
 
 
-def _versioned(managed: int) -> tuple[Tensor, int]:
+def _versioned(managed: int, immutable: bool = False) -> tuple[Tensor, int]:
     """The tensor a ``DLManagedTensorVersioned`` describes, with its flags, and its deleter's
-    address; `BufferError` for another major version, before anything else is read."""
+    address; `BufferError` for another major version, before anything else is read. Read-only when
+    it says ``READ_ONLY`` or its producer's memory is ``immutable``."""
     fields = read_versioned(managed)
     if fields is None:  # outside the readable range: `read` refuses the address, or reads it
         fields = read(VERSIONED, managed)
@@ -542,7 +667,7 @@ def _versioned(managed: int) -> tuple[Tensor, int]:
             f"producer for max_version={DLPACK_VERSION}."
         )
         raise BufferError(msg)
-    readonly = flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
+    readonly = immutable or flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
     copied = flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0
     t = _tensor(
         managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,
@@ -718,9 +843,11 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
         raise
     if target is not None:
         t = _relabel(t, target)
-    if copy and not t._storage.is_copied and t._storage.device.is_host_accessible:
+    storage = t._storage
+    if copy and (not storage.is_copied or storage.readonly) and storage.device.is_host_accessible:
         # The producer ignored copy=True or could not say it copied (legacy capsule; PyTorch 2.13
-        # never sets IS_COPIED, and JAX aliases 64-byte aligned memory even for copy=True).
+        # never sets IS_COPIED, and JAX aliases 64-byte aligned memory even for copy=True), or its
+        # copy is read-only (an immutable producer's): copy=True gives private, writable memory.
         # Device memory is trusted: it cannot be checked here.
         t = t.clone()
     return t

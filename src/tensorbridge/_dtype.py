@@ -6,13 +6,19 @@ typestr of the same size), the DLPack ``(code, bits, lanes)`` triple, the Arrow 
 ScalarType name, the ml_dtypes name and the C++ type PyTorch's limits messages print. Every lookup
 table in this module, and PyTorch's type promotion, is derived from the single list `_SPECS`, so
 adding a dtype is one line.
+
+Every ``dtype=`` argument is read by `as_dtype`, which also takes the dtypes of NumPy, ml_dtypes,
+JAX, PyTorch, TensorFlow and PaddlePaddle (`DType` lists the forms); NumPy reads a `DType` back
+through its dtype protocol.
 """
 
 from __future__ import annotations
 
 import builtins
+import importlib
+import re
 import sys
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 __all__ = [
     "DType",
@@ -66,6 +72,27 @@ class DType:
     Instances are interned: there is exactly one object per dtype, compared by identity, and
     pickling returns that same object.
 
+    ``tensorbridge.dtype(x)`` returns the dtype that ``x`` stands for, and every ``dtype=``
+    argument takes the same forms:
+
+    - a tensorbridge dtype, or its name as PyTorch spells it, optionally prefixed with
+      ``tensorbridge.`` or ``torch.`` (``"float32"``, ``"torch.half"``, ``"float"`` is float32);
+    - a NumPy typestr in native byte order: an optional ``<``, ``>``, ``=`` or ``|``, the kind
+      ``b``, ``i``, ``u``, ``f`` or ``c`` and the size in bytes (``"<f4"``, ``"i8"``, ``"c8"``);
+      NumPy's one-letter codes (``"f"``, ``"d"``) are not taken: struct and NumPy read some of
+      them differently;
+    - a NumPy dtype or scalar type (``np.dtype("<f4")``, ``np.float32``), ml_dtypes' types
+      (``ml_dtypes.bfloat16``, the float8 family) and JAX's (``jnp.float32``, ``jnp.bfloat16``),
+      read from NumPy's dtype;
+    - a ``torch.dtype``, a TensorFlow ``tf.DType`` and a PaddlePaddle dtype (``paddle.float32``,
+      ``paddle.base.core.VarDesc.VarType.FP32``), read by the name they give it.
+
+    Nothing is imported to recognise them: a foreign dtype's type names its library. A dtype of
+    those libraries that tensorbridge lacks (``int4``, ``torch.qint8``, strings, objects, records,
+    dates, a non-native byte order) is refused with a TypeError that names it. NumPy reads a
+    dtype back: ``np.dtype(tensorbridge.float32)`` is float32, and bfloat16, complex32 and the
+    float8 types are ml_dtypes' NumPy dtypes (ml_dtypes must be installed).
+
     Attributes:
         name: PyTorch's name without the module (``"float32"``).
         itemsize: bytes per element (a packed ``float4_e2m1fn_x2`` element holds two values in one byte).
@@ -114,7 +141,11 @@ class DType:
     ml_dtypes: str | None
     c_type: str | None
 
-    def __new__(
+    def __new__(cls, value: object) -> DType:
+        return as_dtype(value, "tensorbridge.dtype", "value")
+
+    @classmethod
+    def _define(
         cls,
         name: str,
         itemsize: builtins.int,
@@ -124,9 +155,10 @@ class DType:
         dlpack: tuple[builtins.int, builtins.int, builtins.int],
         **foreign: Any,
     ) -> DType:
+        """The interned dtype ``name``, made with these encodings if it does not exist yet."""
         if name in cls._interned:
             return cls._interned[name]
-        self = super().__new__(cls)
+        self = object.__new__(cls)
         for attr, value in (
             ("name", name),
             ("itemsize", itemsize),
@@ -156,6 +188,15 @@ class DType:
 
     def __repr__(self) -> str:
         return f"tensorbridge.{self.name}"
+
+    @property
+    def __numpy_dtype__(self) -> Any:
+        """NumPy's dtype for this one: what ``numpy.dtype(tensorbridge.float32)`` reads (NumPy 2.4+)."""
+        return to_numpy(self)
+
+    # NumPy before 2.4 reads an object's `dtype` attribute instead, and takes it when it is a
+    # NumPy dtype; 2.4 reads `__numpy_dtype__` first.
+    dtype = __numpy_dtype__
 
     @property
     def is_floating_point(self) -> builtins.bool:
@@ -198,7 +239,7 @@ def _spec(
     bits: builtins.int | None = None,
     lanes: builtins.int = 1,
 ) -> DType:
-    return DType(
+    return DType._define(
         name,
         itemsize,
         kind,

@@ -18,7 +18,7 @@ import sys
 import textwrap
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -39,11 +39,14 @@ from .sides import Side
 
 __all__ = [
     "CHECKS",
+    "HOMES",
+    "READONLY_PROTECTION",
     "Check",
     "ChildCheck",
     "check_numpy_readonly",
     "check_pyarrow_import",
     "check_readonly_protection",
+    "readonly_protection_name",
     "run_check",
 ]
 
@@ -95,6 +98,13 @@ def _collect_until(predicate: Callable[[], bool]) -> bool:
 
 
 CHECKS: list[tuple[str, Callable[[dict[str, Side]], str]]] = []
+# The checks that need a peer, run in that peer's process (``"readonly"``: with PyTorch where it is
+# proved, else NumPy, else in the doctor's own process); every other check needs none.
+HOMES: Final = {
+    "NumPy read-only arrays import read-only": "numpy",
+    "pyarrow imports tensors through the Arrow C data interface, no copy": "pyarrow",
+    "read-only tensors refuse writes": "readonly",
+}
 
 
 def _check(
@@ -441,7 +451,16 @@ def _torch_writes_through(torch: Any, t: tb.Tensor, memory: bytearray) -> list[s
     return found
 
 
-@_check("read-only tensors refuse writes in tensorbridge and NumPy; PyTorch imports them writable")
+READONLY_PROTECTION: Final = "read-only tensors refuse writes"
+
+
+def readonly_protection_name(keys: Collection[str]) -> str:
+    """The read-only protection check's name, naming only the libraries it runs with."""
+    name = READONLY_PROTECTION + " in tensorbridge" + (" and NumPy" if "numpy" in keys else "")
+    return name + ("; PyTorch imports them writable" if "torch" in keys else "")
+
+
+@_check(READONLY_PROTECTION)
 def check_readonly_protection(sides: dict[str, Side]) -> str:
     """What read-only protects, measured on a read-only view of a ``bytearray`` (as ``ray.get``
     gives a read-only view of Ray's object store): tensorbridge and NumPy refuse writes; PyTorch

@@ -33,7 +33,15 @@ _SPECS: Final = (
     _Spec("pyarrow", "pyarrow", "pyarrow", ("pyarrow",)),
     _Spec("array_api_strict", "array-api-strict", "array_api_strict", ("array-api-strict",)),
     _Spec("mlx", "MLX", "mlx", ("mlx",)),
-    _Spec("paddle", "Paddle", "paddle", ("paddlepaddle", "paddlepaddle-gpu")),
+    _Spec("paddle", "PaddlePaddle", "paddle", ("paddlepaddle", "paddlepaddle-gpu")),
+    _Spec("onnxruntime", "ONNX Runtime", "onnxruntime", ("onnxruntime", "onnxruntime-gpu")),
+    _Spec("warp", "Warp", "warp", ("warp-lang",)),
+    _Spec("cuda_core", "cuda.core", "cuda.core", ("cuda-core", "cuda_core")),
+    _Spec("polars", "polars", "polars", ("polars", "polars-lts-cpu", "polars-u64-idx")),
+    _Spec("pandas", "pandas", "pandas", ("pandas",)),
+    _Spec("nanoarrow", "nanoarrow", "nanoarrow", ("nanoarrow",)),
+    _Spec("xarray", "xarray", "xarray", ("xarray",)),
+    _Spec("dask_array", "dask.array", "dask.array", ("dask",)),
     _Spec("numba", "Numba", "numba", ("numba",)),
     _Spec("ml_dtypes", "ml_dtypes", "ml_dtypes", ("ml_dtypes",)),
     _Spec("tvm_ffi", "TVM FFI", "tvm_ffi", ("apache-tvm-ffi",)),
@@ -55,8 +63,9 @@ class Library:
         module: import name.
         distribution: the installed distribution, or None.
         version: its version from the metadata, or None when not installed.
-        status: ``"not installed"``, ``"installed"`` (found, not used), ``"used"``, or
-            ``"import failed"``.
+        status: ``"not installed"``, ``"installed"`` (found, not used), ``"listed"`` (found; the
+            doctor has no side for it), ``"not selected"``, ``"used"``, ``"import failed"``,
+            ``"crashed"`` (its process died; ``error`` says how) or ``"timed out"``.
         devices: devices seen after importing it (only for the libraries used).
         error: why the import failed, or why it is not used.
     """
@@ -77,6 +86,8 @@ def _version(spec: _Spec) -> tuple[str | None, str | None]:
             return dist, importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
+    if "." in spec.module:  # finding "cuda.core" would import the package "cuda"
+        return None, None
     try:  # installed without metadata (a source tree on sys.path) or under another name
         found = importlib.util.find_spec(spec.module) is not None
     except (ImportError, ValueError):
