@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import weakref
 from typing import Any
 
@@ -208,11 +209,23 @@ def test_non_primitive_types_are_refused(arr):
         tb.asarray(ArrowOnly(arr))
 
 
+class _StreamOnly:
+    """Offers ``obj``'s Arrow stream and nothing else (no ``__array__`` to fall through to)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self.obj.__arrow_c_stream__(requested_schema)
+
+
 def test_record_batch_is_refused():
-    """A RecordBatch exports a struct ('+s'): refused, not flattened."""
+    """A RecordBatch's stream is a struct ('+s'): refused, not flattened; the batch itself is
+    read through the next protocol it offers, ``__array__``, as NumPy reads it."""
     batch = pa.RecordBatch.from_arrays([pa.array([1, 2])], names=["a"])
     with pytest.raises(BufferError, match="'\\+s'"):
-        tb.asarray(batch)
+        tb.asarray(_StreamOnly(batch))
+    assert tb.asarray(batch).tolist() == np.asarray(batch).tolist()
 
 
 def test_memory_stays_allocated_while_a_view_lives():
@@ -354,8 +367,11 @@ def test_stream_with_nulls_is_refused():
     before = pa.total_allocated_bytes()
     chunked = pa.chunked_array([pa.array(range(50_000)), pa.array([1, None])])
     with pytest.raises(BufferError, match="nulls"):
-        tb.asarray(chunked)
-    del chunked
+        tb.asarray(_StreamOnly(chunked))
+    # The ChunkedArray itself falls through to its __array__ (floats, NaN for nulls), as NumPy.
+    filled = tb.asarray(chunked)
+    assert filled.dtype is tb.float64 and math.isnan(filled[-1].item())
+    del chunked, filled
     gc.collect()
     assert pa.total_allocated_bytes() <= before
 

@@ -20,7 +20,7 @@ import pytest
 
 import tensorbridge as tb
 from tensorbridge import cli
-from tensorbridge.cli import checks, environment, exchange, peers, render, sides
+from tensorbridge.cli import checks, environment, exchange, peers, registry, render, sides
 
 pytestmark = pytest.mark.subprocess
 
@@ -177,7 +177,7 @@ def test_unknown_peer_is_an_error_naming_the_known_ones(where):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "unknown peer 'bogus'" in proc.stderr
-    assert ", ".join(peers.PEERS) in proc.stderr
+    assert ", ".join(registry.PEERS) in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -228,8 +228,8 @@ def test_no_library_hint_matches_why_none_was_used(statuses, expected):
 
 def test_peer_list_rejects_unknown_names():
     """peer_list raises argparse's type error for a name the doctor does not exchange with."""
-    with pytest.raises(Exception, match="unknown peer 'tensorflow'"):
-        cli.peer_list("numpy,tensorflow")
+    with pytest.raises(Exception, match="unknown peer 'tensorflowx'"):
+        cli.peer_list("numpy,tensorflowx")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -506,7 +506,7 @@ def test_every_exception_class_a_user_can_meet_is_public():
         assert cls.__name__ in tb.__all__
 
 
-@pytest.mark.parametrize("device", [5, "cpu", (1,), (1, 0, 0), ("a", 0), (True, 0), 1.5])
+@pytest.mark.parametrize("device", [5, "cpu", (2,), (1, 0, 0), ("a", 0), (True, 0), 1.5])
 def test_malformed_dlpack_device_is_a_type_error(device):
     """A ``__dlpack_device__`` that does not return a pair of ints is a TypeError naming it;
     ``__dlpack__`` is not called."""

@@ -127,7 +127,7 @@ def test_torch_names_all_exist(torch):
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_interned_immutable_and_pickled_to_itself(dtype):
     """One object per dtype: copies and pickles give the same object; attributes cannot change."""
-    assert DType(dtype.name, 99, "x", None, None, (0, 0, 0)) is dtype
+    assert DType(dtype.name) is dtype and DType(dtype) is dtype
     assert copy.copy(dtype) is dtype and copy.deepcopy(dtype) is dtype
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
         assert pickle.loads(pickle.dumps(dtype, protocol)) is dtype

@@ -88,8 +88,7 @@ from ._npy import load_npy, save_npy
 
 __all__ += ["load_npy", "save_npy"]
 
-from ._convert import as_tensor, asarray, from_pointer, tensor
-from ._peers import to_torch
+from ._convert import as_tensor, asarray, from_pointer, tensor, to_torch
 
 __all__ += ["as_tensor", "asarray", "from_pointer", "tensor", "to_torch"]
 

@@ -51,11 +51,19 @@ from ._dtype import BY_ARROW_FORMAT, DType
 from ._errors import short_repr
 from ._storage import Storage, allocate
 
-__all__ = ["export_array", "export_schema", "release_counts"]
+__all__ = [
+    "EXTENSION_NAME",
+    "KEY_METADATA",
+    "KEY_NAME",
+    "export_array",
+    "export_schema",
+    "read_metadata",
+    "release_counts",
+]
 
 EXTENSION_NAME: Final = b"arrow.fixed_shape_tensor"
-_KEY_NAME: Final = b"ARROW:extension:name"
-_KEY_METADATA: Final = b"ARROW:extension:metadata"
+KEY_NAME: Final = b"ARROW:extension:name"
+KEY_METADATA: Final = b"ARROW:extension:metadata"
 _LIST_SIZE_MAX: Final = 2**31 - 1  # Arrow's fixed-size list size is an int32
 _CHILD_NAME: Final = b"item"  # the child field name pyarrow gives list types
 
@@ -249,7 +257,7 @@ def _fill_schema(
         return tuple(strings)
     base.format = ctypes.cast(text(b"+w:%d" % math.prod(shape[1:])), ctypes.c_char_p)
     if extension:
-        metadata = _metadata([(_KEY_NAME, EXTENSION_NAME), (_KEY_METADATA, _extension_json(shape))])
+        metadata = _metadata([(KEY_NAME, EXTENSION_NAME), (KEY_METADATA, _extension_json(shape))])
         buf = ctypes.create_string_buffer(metadata, len(metadata))
         strings.append(buf)
         base.metadata = ctypes.addressof(buf)
@@ -298,7 +306,7 @@ def export_schema(shape: tuple[int, ...], dtype: DType, api: str = "__arrow_c_sc
 # Requested schemas
 
 
-def _read_metadata(address: int | None) -> dict[bytes, bytes]:
+def read_metadata(address: int | None) -> dict[bytes, bytes]:
     """The key/value pairs of a foreign schema's metadata (native-endian int32 lengths)."""
     if not address:
         return {}
@@ -320,9 +328,9 @@ def _read_metadata(address: int | None) -> dict[bytes, bytes]:
 def _describe(schema: ArrowSchema, depth: int = 0) -> tuple[Any, ...]:
     """What identifies a type, names and flags aside: format, extension name and parsed
     metadata, and the children's descriptions (two levels at most: all this module exports)."""
-    meta = _read_metadata(schema.metadata)
-    ext_name = meta.get(_KEY_NAME)
-    ext_meta: Any = meta.get(_KEY_METADATA)
+    meta = read_metadata(schema.metadata)
+    ext_name = meta.get(KEY_NAME)
+    ext_meta: Any = meta.get(KEY_METADATA)
     if ext_name == EXTENSION_NAME and ext_meta is not None:
         with contextlib.suppress(ValueError):  # not JSON: compared as bytes, so never equal
             ext_meta = json.loads(ext_meta)

@@ -63,7 +63,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
-from . import _capi, _creation, _dlpack, _interfaces, _layout, _tensor
+from . import _capi, _creation, _dlpack, _interfaces, _layout, _peers, _tensor
 from ._args import as_copy, as_int
 from ._buffer import import_buffer, import_ndarray
 from ._cache import TypeTable, remember_type
@@ -72,7 +72,7 @@ from ._dtype import DType, as_dtype
 from ._errors import release_frames, short_repr
 from ._tensor import Tensor
 
-__all__ = ["as_tensor", "asarray", "from_pointer", "is_protocol_object", "tensor"]
+__all__ = ["as_tensor", "asarray", "from_pointer", "is_protocol_object", "tensor", "to_torch"]
 
 # The paths `asarray` can take. A path is always one of these very objects (`_dispatch` returns
 # them, and the per-type table holds them), so the hot paths test it with ``is``.
@@ -242,7 +242,7 @@ def _after(path: str, obj: Any) -> tuple[str, Any] | None:
 
 
 def _fall_through(
-    refusal: BufferError,
+    refusal: Exception,
     path: str,
     obj: Any,
     device: Device | None,
@@ -349,6 +349,18 @@ def _import(
         if later is not None:
             return later
         raise
+    except Exception as failure:
+        if (path is not _ARROW and path is not _ARROW_STREAM) or str(failure).startswith(
+            f"{api}():"
+        ):
+            raise  # not an Arrow door, or tensorbridge's own answer (to copy=False, say)
+        # The producer's own Arrow export can fail where its other doors serve (pyarrow cannot
+        # export complex or bfloat16 NumPy data, which xarray and pandas hand it; xarray refuses
+        # to export a Dask-backed array): the next one.
+        later = _fall_through(failure, path, obj, device, copy, dtype, api)
+        if later is not None:
+            return later
+        raise
 
 
 _COPY_KEYWORD: Final = "unexpected keyword argument 'copy'"
@@ -443,12 +455,13 @@ def _import_array(
     except ValueError as exc:
         if copy is not False:
             raise
-        raise _copy_refusal(obj, f"refused copy=False in __array__ ({exc})", api) from exc
+        reason = (str(exc).splitlines() or [""])[0]
+        raise _copy_refusal(obj, f"refused copy=False in __array__ ({reason})", api) from exc
     numpy = sys.modules.get("numpy")
     ndarray = getattr(numpy, "ndarray", None)
     if ndarray is None or not isinstance(array, ndarray):
         msg = (
-            f"{api}(): {type(obj).__qualname__}.__array__() must return a numpy.ndarray; got "
+            f"{api}(): {type(obj).__name__}.__array__() must return a numpy.ndarray; got "
             f"{short_repr(array)} ({type(array).__qualname__}). Fix the __array__ method, or pass "
             f"an array."
         )
@@ -526,8 +539,12 @@ def asarray(
     dtype: ``array('i')`` is int32, ``bytes`` uint8), or nested sequences and scalars. When an object
     speaks several protocols the first applicable one in this order is used: Tensor, DLPack capsule,
     ``__arrow_c_array__``, ``__arrow_c_stream__``, ``__dlpack__``, ``__cuda_array_interface__``,
-    ``__array_interface__``, buffer protocol, sequence/scalar. A producer refusing ``__dlpack__``
-    (`BufferError`) is read through the next of these it offers. A ``numpy.ndarray`` is read through
+    ``__array_interface__``, buffer protocol, ``__array__``, sequence/scalar. A protocol whose
+    importer refuses the object (`BufferError`: a producer refusing ``__dlpack__``, an Arrow type
+    with no tensor form) is followed by the next of these it offers. ``__array__`` (Dask, xarray,
+    pandas, TensorFlow variables) is called as NumPy 2 calls it and the array it returns is shared;
+    ``copy=False`` is refused where that array is provably a new one (the module docstring has the
+    rule). A ``numpy.ndarray`` is read through
     its buffer when that describes it (as PyTorch reads it through NumPy's C API), else through
     ``__dlpack__``.
 
@@ -718,6 +735,27 @@ def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tens
     """`asarray` without ``copy``: shares memory when possible (PyTorch's ``as_tensor``)."""
     try:
         return convert(data, dtype, device, None, False, "as_tensor")
+    except BaseException as exc:
+        release_frames(exc)
+        raise
+
+
+def to_torch(obj: Any, *, force: bool = False) -> Any:
+    """A ``torch.Tensor`` sharing ``obj``'s memory: `Tensor.torch` of ``asarray(obj)``.
+
+    ``obj`` is anything `asarray` takes, converted by its rules first (zero-copy where `asarray`
+    is: a NumPy array, a DLPack producer, a buffer, ...; nested sequences are copied). A tensor
+    PyTorch cannot share (read-only memory, negative strides) is a `BufferError` unless
+    ``force=True``, which hands PyTorch a copy; errors name ``to_torch``.
+
+    Example:
+        >>> to_torch([1, 2, 3])  # doctest: +SKIP
+        tensor([1, 2, 3])
+    """
+    api = "to_torch"
+    try:
+        t = obj if type(obj) is Tensor else convert(obj, None, None, None, False, api)
+        return _peers.to_torch(t, force=force, api=api)
     except BaseException as exc:
         release_frames(exc)
         raise

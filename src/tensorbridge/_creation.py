@@ -68,7 +68,10 @@ def _scalar_kind(value: Any, api: str) -> str:
 
 
 def _foreign_dtype(value: Any) -> DType | None:
-    """The dtype of a NumPy scalar or array (its ``dtype.str``), or None."""
+    """The dtype of a NumPy scalar or array (its ``dtype.str``), or None (also for a `DType`, which
+    shows NumPy before 2.4 a ``dtype`` of its own but is no data)."""
+    if isinstance(value, DType):
+        return None
     typestr = getattr(getattr(value, "dtype", None), "str", None)
     return _dtype.BY_TYPESTR.get(typestr[1:]) if isinstance(typestr, str) else None
 

@@ -16,5 +16,5 @@ cdef class _Producer:
 cpdef _from_dlpack(ext_tensor)
 cpdef _request(obj, _Producer producer, target, copy)
 cpdef tuple _open(capsule, bint immutable=*)
-cpdef tuple _versioned(managed, bint immutable=*)
+cpdef tuple _versioned(managed)
 cpdef _tensor(managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset, readonly, copied)

@@ -16,9 +16,9 @@ Deviations from PyTorch 2.13 (each one deliberate):
   type: one whose type (or a base) comes from a library in `IMMUTABLE_PRODUCERS` (``jax``,
   ``jaxlib``, ``tensorflow``: JAX arrays and TensorFlow tensors export flagless legacy capsules
   only), or one that also speaks the Arrow C data interface (pyarrow 15 exports legacy capsules
-  only). Every capsule such a producer hands over, legacy or versioned, imports read-only, through
-  ``from_dlpack`` and ``asarray`` alike; ``copy=True`` gives a private writable copy. A bare
-  capsule says nothing of its producer and follows the rule above.
+  only). Its legacy capsules import read-only, through ``from_dlpack`` and ``asarray`` alike (a
+  versioned capsule says ``READ_ONLY`` for itself); ``copy=True`` always gives private, writable
+  memory. A bare capsule says nothing of its producer and follows the rule above.
 * ``__dlpack_device__()`` may return IntEnum members, NumPy integers, a list, or None (or no id)
   for the id of host memory (PaddlePaddle's ``(kDLCPU, None)``); anything else is a `TypeError`
   (`_device.dlpack_pair`).
@@ -34,6 +34,9 @@ Deviations from PyTorch 2.13 (each one deliberate):
   cannot take is met by copying the imported host memory. Any other `TypeError` propagates
   unchanged. PyTorch retries on every `TypeError`; NumPy retries on every one with no keywords at
   all, when ``device`` and ``copy`` are None.
+* ``dl_device`` is asked for only when the producer is not already on that device: a producer
+  exports on its own device anyway, and some refuse any ``dl_device`` (TensorFlow), so
+  ``device="cpu"`` works with every host producer.
 * Imports keep negative strides as they are.
 * A PyTorch negative-bit view is resolved before import (PyTorch exports it without its sign).
 * Memory that is not host-accessible (CUDA, ROCm, Metal, ...) is carried as it is and never
@@ -242,10 +245,10 @@ class _Producer:
             typed: torch.Tensor and its subclasses), which are resolved before export: PyTorch
             exports them without their sign.
         exchange: the C exchange API the type itself advertises, major version 1; None without.
-        immutable: the type's instances are immutable values (`_immutable`), so whatever
-            capsule they export, legacy (which cannot say ``READ_ONLY``) or versioned, is imported
-            read-only: writing through it would change an array that every other view of it
-            takes for constant.
+        immutable: the type's instances hand out memory that must not be written (`_immutable`):
+            their legacy capsules, which cannot say ``READ_ONLY``, are imported read-only (a
+            versioned capsule says it for itself); writing through them would change an array
+            that every other view of it takes for constant.
         screen: for ``torch.Tensor``, ``torch.strided``: its exchange function checks less than
             its ``__dlpack__`` (no autograd, conjugate or negative bit, layout), so tensors with any
             of those take the ``__dlpack__`` path, which refuses or resolves them as before.
@@ -321,7 +324,7 @@ def _exchange_import(producer: _Producer, obj: Any) -> Tensor | None:
         return None
     # The managed tensor is ours from here on: its deleter runs exactly once, whatever happens.
     try:
-        t, deleter = _versioned(managed, producer.immutable)
+        t, deleter = _versioned(managed)
     except BaseException:
         _release_unowned(managed)
         raise
@@ -369,6 +372,11 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
     if target is None and copy is None and (source is None or source[0] in HOST_TYPES):
         kwargs: dict[str, Any] = _MAX_VERSION_ONLY
     else:
+        if copy and producer.immutable and source is not None and source[0] in HOST_TYPES:
+            # Host memory that must not be written: `_from_dlpack_with` copies it, as it copies
+            # any import that is neither a copy nor writable, so a copy asked of the producer
+            # would be a second one (and TensorFlow refuses copy=True).
+            copy = None
         kwargs = _request_kwargs(source, target, copy)
     try:
         if kwargs is _MAX_VERSION_ONLY:
@@ -404,7 +412,15 @@ def _request_kwargs(
         wanted = target.to_dlpack()
         if copy is False and source is not None and _needs_move(source, target):
             raise _move_refused(source, wanted)
-        kwargs["dl_device"] = (int(wanted[0]), wanted[1])
+        # A producer already on the device wanted is not told it: it exports there anyway, and
+        # some refuse any dl_device at all (TensorFlow: "does not support DLPack export with a
+        # non-None dl_device").
+        if not (
+            source is not None
+            and source[0] == int(wanted[0])
+            and (source[0] == _kDLCPU or source[1] == wanted[1])
+        ):
+            kwargs["dl_device"] = (int(wanted[0]), wanted[1])
     if copy is not None:
         kwargs["copy"] = copy
     return kwargs
@@ -593,8 +609,8 @@ def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
 
     Returns the tensor (its storage not yet armed), the ``used_*`` name and the deleter address. On
     any error the capsule is left as it was, so its destructor still frees the producer's memory.
-    ``immutable``: the producer's memory is immutable (`_immutable`), so the capsule, whether or
-    not it says ``READ_ONLY`` (a legacy capsule cannot), is imported read-only.
+    ``immutable``: the producer's memory is immutable (`_immutable`), so a legacy capsule, which
+    cannot say ``READ_ONLY``, is imported read-only; a versioned capsule says it for itself.
     """
     if type(capsule) is not _CapsuleType:
         raise _not_a_producer(capsule)
@@ -612,7 +628,7 @@ def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
             immutable, False,
         )  # fmt: skip
         return t, USED_DLTENSOR, deleter
-    t, deleter = _versioned(managed, immutable)
+    t, deleter = _versioned(managed)
     return t, USED_DLTENSOR_VERSIONED, deleter
 
 
@@ -648,10 +664,9 @@ def _deleter_function(address: int) -> Any:
     return fn if fn is not None else remember(_DELETERS, address, _native.VoidFunction(address))
 
 
-def _versioned(managed: int, immutable: bool = False) -> tuple[Tensor, int]:
+def _versioned(managed: int) -> tuple[Tensor, int]:
     """The tensor a ``DLManagedTensorVersioned`` describes, with its flags, and its deleter's
-    address; `BufferError` for another major version, before anything else is read. Read-only when
-    it says ``READ_ONLY`` or its producer's memory is ``immutable``."""
+    address; `BufferError` for another major version, before anything else is read."""
     fields = read_versioned(managed)
     if fields is None:  # outside the readable range: `read` refuses the address, or reads it
         fields = read(VERSIONED, managed)
@@ -667,7 +682,7 @@ def _versioned(managed: int, immutable: bool = False) -> tuple[Tensor, int]:
             f"producer for max_version={DLPACK_VERSION}."
         )
         raise BufferError(msg)
-    readonly = immutable or flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
+    readonly = flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
     copied = flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0
     t = _tensor(
         managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,

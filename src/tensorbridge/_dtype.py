@@ -8,8 +8,8 @@ table in this module, and PyTorch's type promotion, is derived from the single l
 adding a dtype is one line.
 
 Every ``dtype=`` argument is read by `as_dtype`, which also takes the dtypes of NumPy, ml_dtypes,
-JAX, PyTorch, TensorFlow and PaddlePaddle (`DType` lists the forms); NumPy reads a `DType` back
-through its dtype protocol.
+JAX, PyTorch, TensorFlow, PaddlePaddle and array-api-strict (`DType` lists the forms); NumPy reads
+a `DType` back through its dtype protocol.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ class DType:
       (``ml_dtypes.bfloat16``, the float8 family) and JAX's (``jnp.float32``, ``jnp.bfloat16``),
       read from NumPy's dtype;
     - a ``torch.dtype``, a TensorFlow ``tf.DType`` and a PaddlePaddle dtype (``paddle.float32``,
-      ``paddle.base.core.VarDesc.VarType.FP32``), read by the name they give it.
+      ``paddle.base.core.VarDesc.VarType.FP32``) and an array-api-strict dtype (``xp.float32``),
+      read by the name they give it.
 
     Nothing is imported to recognise them: a foreign dtype's type names its library. A dtype of
     those libraries that tensorbridge lacks (``int4``, ``torch.qint8``, strings, objects, records,
@@ -194,9 +195,19 @@ class DType:
         """NumPy's dtype for this one: what ``numpy.dtype(tensorbridge.float32)`` reads (NumPy 2.4+)."""
         return to_numpy(self)
 
-    # NumPy before 2.4 reads an object's `dtype` attribute instead, and takes it when it is a
-    # NumPy dtype; 2.4 reads `__numpy_dtype__` first.
-    dtype = __numpy_dtype__
+    @property
+    def dtype(self) -> Any:
+        """NumPy's dtype for this one, where the loaded NumPy predates ``__numpy_dtype__``.
+
+        NumPy before 2.4 reads an object's ``dtype`` instead. Other libraries read ``dtype`` to
+        tell arrays and scalars (``tensorbridge.tensor(x)`` does), so it exists only there.
+        """
+        numpy = sys.modules.get("numpy")
+        version = "" if numpy is None else numpy.__version__
+        if numpy is None or tuple(map(builtins.int, version.split(".")[:2])) >= (2, 4):
+            msg = "'DType' object has no attribute 'dtype'"
+            raise AttributeError(msg)
+        return to_numpy(self)
 
     @property
     def is_floating_point(self) -> builtins.bool:
@@ -488,16 +499,196 @@ def promote_types(a: DType, b: DType, api: str) -> DType:
 
 
 def as_dtype(value: object, api: str, argname: str = "dtype") -> DType:
-    """Validate a ``dtype=`` argument: a `DType`, or the name of one (``"float32"``)."""
+    """Validate a ``dtype=`` argument: a `DType`, or any form `DType` lists.
+
+    Raises:
+        TypeError: ``value`` is not a dtype, or names one tensorbridge does not have.
+    """
     if isinstance(value, DType):
         return value
+    dtype = foreign_dtype(value, api, argname)
+    if dtype is None:
+        msg = (
+            f"{api}(): argument '{argname}' must be tensorbridge.dtype, not {type(value).__name__}; "
+            f"got {value!r}. Pass one of tensorbridge.float32, tensorbridge.int64, ..., its name, "
+            f"or a NumPy, ml_dtypes, JAX, PyTorch, TensorFlow, PaddlePaddle or array-api-strict dtype."
+        )
+        raise TypeError(msg)
+    return dtype
+
+
+# The dtypes by their own names (no aliases): how the libraries below name them too.
+_CANONICAL: Final[dict[str, DType]] = {d.name: d for d in _SPECS}
+BY_ML_DTYPES: Final[dict[str, DType]] = {d.ml_dtypes: d for d in _SPECS if d.ml_dtypes is not None}
+
+# A NumPy typestr: byte order, kind, size in bytes, and a datetime unit.
+_TYPESTR: Final = re.compile(r"([<>=|]?)([a-zA-Z])(\d*)(\[\w+\])?")
+
+# The NumPy kinds that hold no numbers, as a refusal describes them.
+_NOT_NUMBERS: Final = {
+    "U": "a unicode string dtype",
+    "S": "a bytes dtype",
+    "a": "a bytes dtype",
+    "O": "an object dtype",
+    "V": "a structured or void dtype",
+    "M": "a datetime dtype",
+    "m": "a timedelta dtype",
+}
+
+
+def _torch_name(value: Any) -> str | None:
+    return str(value).removeprefix("torch.") if type(value).__name__ == "dtype" else None
+
+
+def _tensorflow_name(value: Any) -> str | None:
+    return str(value.name) if type(value).__name__ == "DType" else None
+
+
+def _paddle_name(value: Any) -> str | None:
+    # Paddle 3's dtypes are the DataType enum (FLOAT32, BFLOAT16); the VarType enum spells them
+    # FP32, BF16. Their str() is not the dtype: str(paddle.uint16) is 'paddle.bfloat16'.
+    if type(value).__name__ not in ("dtype", "DataType", "VarType"):
+        return None
+    name: str = value.name.lower()
+    return "bfloat16" if name == "bf16" else "float" + name[2:] if name.startswith("fp") else name
+
+
+def _array_api_strict_name(value: Any) -> str | None:
+    # Its DType has no public name attribute; its repr is the namespace's name for it.
+    name = repr(value)
+    return name.removeprefix("array_api_strict.") if type(value).__name__ == "DType" else None
+
+
+# The libraries whose dtypes are read by name, by the top-level module their dtype type is in.
+_NAME_READERS: Final = {
+    "torch": _torch_name,
+    "tensorflow": _tensorflow_name,
+    "paddle": _paddle_name,
+    "array_api_strict": _array_api_strict_name,
+}
+
+
+def foreign_dtype(value: Any, api: str, argname: str = "dtype") -> DType | None:
+    """The dtype a string or another library's dtype stands for (`DType` lists the forms).
+
+    Returns None for a value that is no dtype, so that a caller reading positional arguments
+    (``view(dtype)``, ``to(dtype)``) can try it; raises TypeError for a dtype tensorbridge lacks.
+    Imports nothing: NumPy's types are looked for only when NumPy is loaded, and the others are
+    known by the module of their type.
+    """
+    if isinstance(value, str):
+        name = value.removeprefix("tensorbridge.").removeprefix("torch.")
+        if name in BY_NAME:
+            return BY_NAME[name]
+        match = _TYPESTR.fullmatch(value)
+        if match is None:
+            return None
+        order, kind, size, _ = match.groups()
+        return _from_typestr(order, kind, size, value, api, argname)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        described = value
+        if isinstance(value, type):  # a scalar type: NumPy's, ml_dtypes', JAX's (jnp.float32)
+            generic = issubclass(value, numpy.generic)
+            described = numpy.dtype(value) if generic else getattr(value, "dtype", None)
+        if isinstance(described, numpy.dtype):
+            if described.type.__module__ == "ml_dtypes":
+                dtype = BY_ML_DTYPES.get(described.name)
+            else:
+                order, kind, size = described.byteorder, described.kind, described.itemsize
+                dtype = _from_typestr(order, kind, size, described, api, argname)
+            return dtype if dtype is not None else _no_equivalent(described, api, argname)
+    read = _NAME_READERS.get(type(value).__module__.partition(".")[0])
+    found = None if read is None else read(value)
+    if found is None:
+        return None
+    return _CANONICAL[found] if found in _CANONICAL else _no_equivalent(value, api, argname)
+
+
+def _from_typestr(
+    order: str, kind: str, size: object, value: object, api: str, argname: str
+) -> DType | None:
+    """The dtype of a NumPy typestr's parts; None for a number type tensorbridge lacks."""
+    if kind in _NOT_NUMBERS:
+        hint = " (view the data as int64 first)" if kind in "Mm" else ""
+        _refuse(
+            api,
+            argname,
+            value,
+            f"is {_NOT_NUMBERS[kind]}, and tensorbridge holds numbers and bools only",
+            f"Pass a numeric dtype such as tensorbridge.float32 or tensorbridge.int64{hint}",
+        )
+    dtype = BY_TYPESTR.get(f"{kind}{size}")
     if (
-        isinstance(value, str)
-        and value.removeprefix("tensorbridge.").removeprefix("torch.") in BY_NAME
+        dtype is not None
+        and dtype.itemsize > 1
+        and order in ("<", ">")
+        and order != BYTE_ORDER_CHAR
     ):
-        return BY_NAME[value.removeprefix("tensorbridge.").removeprefix("torch.")]
-    msg = (
-        f"{api}(): argument '{argname}' must be tensorbridge.dtype, not {type(value).__name__}; "
-        f"got {value!r}. Pass one of tensorbridge.float32, tensorbridge.int64, ..."
+        native = dtype.typestr
+        _refuse(
+            api,
+            argname,
+            value,
+            f"is {'big' if order == '>' else 'little'}-endian, and tensorbridge reads the native "
+            f"byte order only",
+            f"Pass {native!r} and byte-swap the data first "
+            f"(NumPy: a.byteswap().view(a.dtype.newbyteorder()))",
+        )
+    return dtype
+
+
+def _no_equivalent(value: object, api: str, argname: str) -> NoReturn:
+    _refuse(
+        api,
+        argname,
+        value,
+        "has no tensorbridge equivalent",
+        "Pass one of tensorbridge's dtypes, or an unsigned integer of the same size to carry the "
+        "raw bits",
     )
+
+
+def _refuse(api: str, argname: str, value: object, what: str, fix: str) -> NoReturn:
+    msg = f"{api}(): argument '{argname}' {what}; got {value!r}. {fix}."
     raise TypeError(msg)
+
+
+def to_numpy(dtype: DType) -> Any:
+    """NumPy's dtype for ``dtype``: ml_dtypes' for bfloat16, complex32 and float8 (imported here).
+
+    Raises:
+        TypeError: NumPy has no such dtype: ml_dtypes is missing, too old, or (float4_e2m1fn_x2,
+            two values in one byte) none exists.
+    """
+    import numpy
+
+    if dtype.typestr is not None:
+        return numpy.dtype(dtype.typestr)
+    api = f"numpy.dtype({dtype!r})"
+    if dtype.ml_dtypes is None:
+        msg = (
+            f"{api}: NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw "
+            f"bytes with tensorbridge.uint8."
+        )
+        raise TypeError(msg)
+    try:
+        # Not an import statement: compiled, that returns the None with which sys.modules blocks
+        # a module, where the import system raises ImportError (as it does for the source).
+        ml_dtypes = importlib.import_module("ml_dtypes")
+    except ImportError:
+        msg = (
+            f"{api}: NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes), "
+            f"which gives it one, or view the raw bits with tensorbridge.uint{dtype.bits}."
+        )
+        raise TypeError(msg) from None
+    ml_type = getattr(ml_dtypes, dtype.ml_dtypes, None)
+    if ml_type is None:  # older ml_dtypes lack the newer types (0.5 has no complex32)
+        version = getattr(ml_dtypes, "__version__", "?")
+        msg = (
+            f"{api}: NumPy has no {dtype.name} dtype, and the installed ml_dtypes {version} has "
+            f"none either; upgrade ml_dtypes (pip install -U ml_dtypes), or view the raw bits "
+            f"with tensorbridge.uint{dtype.bits}."
+        )
+        raise TypeError(msg)
+    return numpy.dtype(ml_type)

@@ -24,6 +24,8 @@ tensor is built. Without a driver the import is refused with `BufferError`: neve
 from __future__ import annotations
 
 import ctypes
+import json
+import math
 import sys
 from typing import Any, Final, NamedTuple
 
@@ -37,6 +39,10 @@ from ._arrow_abi import ArrowArray, ArrowArrayStream, ArrowSchema
 from ._arrow_abi import ArrowGet as _ArrowGet
 from ._arrow_abi import ArrowLastError as _ArrowLastError
 from ._arrow_abi import ArrowRelease as _ArrowRelease
+from ._arrow_export import EXTENSION_NAME as _FIXED_SHAPE_TENSOR
+from ._arrow_export import KEY_METADATA as _KEY_METADATA
+from ._arrow_export import KEY_NAME as _KEY_NAME
+from ._arrow_export import read_metadata as _read_metadata
 from ._device import CPU, Device
 from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
 from ._errors import short_repr
@@ -495,35 +501,132 @@ class _ArrowOwner:
         self.release()
 
 
-def _arrow_dtype(schema: ArrowSchema, api: str) -> DType | None:
-    """The dtype of a primitive Arrow schema; None for bit-packed bool; anything else is refused."""
+class _ArrowType(NamedTuple):
+    """What tensorbridge reads from an Arrow schema: the element dtype (None: bit-packed bool),
+    the logical shape of each row and its strides in elements (``()`` for a primitive array, one
+    value per row), the values per row (0: a primitive array, else a fixed-size list's size) and
+    the extension type's name, if any."""
+
+    dtype: DType | None
+    row_shape: tuple[int, ...]
+    row_strides: tuple[int, ...]
+    row_size: int
+    extension: bytes | None
+
+
+def _arrow_refusal(fmt: bytes, dictionary: bool, extension: bytes | None, api: str) -> BufferError:
+    """The refusal of an Arrow type that has no tensor form, with the fix for its kind."""
+    if dictionary:
+        kind, fix = "dictionary-encoded", "decode it first (pyarrow: arr.dictionary_decode())"
+    elif fmt.startswith(b"+"):
+        kind = f"nested format {fmt.decode(errors='replace')!r}"
+        fix = (
+            "import one primitive field or column at a time (pyarrow: arr.field(0), "
+            "table.column('x')), or pass the object's __array__ (numpy.asarray(obj))"
+        )
+    else:
+        kind = f"format {fmt.decode(errors='replace')!r}"
+        fix = "cast the array first (pyarrow: arr.cast(pa.int64()))"
+    if extension is not None:
+        kind = f"extension type {extension.decode(errors='replace')!r} (storage {kind})"
+        if not dictionary and not fmt.startswith(b"+"):
+            fix = "cast its storage first (pyarrow: arr.storage.cast(pa.int64()))"
+    msg = (
+        f"{api}(): Arrow {kind} is not a fixed-width primitive type and has no tensor form; "
+        f"tensorbridge imports int8..int64, "
+        f"uint8..uint64, float16/32/64 and bool arrays, fixed-size lists of them and "
+        f"arrow.fixed_shape_tensor. To import it, {fix}."
+    )
+    return BufferError(msg)
+
+
+def _primitive_dtype(schema: ArrowSchema) -> tuple[bool, DType | None]:
+    """Whether ``schema`` is a primitive type tensorbridge reads, and its dtype (None: bool)."""
     fmt = schema.format or b""
-    if fmt == _ARROW_BOOL and not schema.n_children and not schema.dictionary:
-        return None
+    if schema.n_children or schema.dictionary:
+        return False, None
+    if fmt == _ARROW_BOOL:
+        return True, None
     dtype = BY_ARROW_FORMAT.get(fmt)
-    if dtype is None or schema.n_children or schema.dictionary:
-        kind = (
-            "dictionary-encoded"
-            if schema.dictionary
-            else f"format {fmt.decode(errors='replace')!r}"
-        )
-        msg = (
-            f"{api}(): Arrow {kind} is not a fixed-width primitive type; tensorbridge imports "
-            f"int8..int64, uint8..uint64, float16/32/64 and bool. Cast the array first "
-            f"(pyarrow: arr.cast(pa.int64())) or decode it (arr.dictionary_decode())."
-        )
-        raise BufferError(msg)
-    return dtype
+    return dtype is not None, dtype
 
 
-def _check_arrow_array(array: ArrowArray, api: str) -> None:
-    if array.n_buffers != 2 or array.n_children or array.length < 0 or array.offset < 0:
+def _list_size(fmt: bytes) -> int | None:
+    """The size of a fixed-size list format (``+w:N``), else None."""
+    if not fmt.startswith(b"+w:"):
+        return None
+    digits = fmt[3:]
+    return int(digits) if digits.isdigit() and int(digits) > 0 else None
+
+
+def _tensor_metadata(
+    raw: bytes | None, size: int, api: str
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The logical shape and element strides of one ``arrow.fixed_shape_tensor`` row, from the
+    extension metadata: ``shape`` (physical, row-major), optional ``dim_names`` (not kept) and
+    ``permutation`` (logical dimension ``i`` is physical dimension ``permutation[i]``)."""
+    name = "arrow.fixed_shape_tensor"
+    try:
+        meta = json.loads(raw or b"")
+    except ValueError:
+        meta = None
+    shape = meta.get("shape") if isinstance(meta, dict) else None
+    if not (
+        isinstance(shape, list)
+        and all(type(n) is int and n >= 0 for n in shape)
+        and len(shape) < _layout.MAX_NDIM
+        and math.prod(shape) == size
+    ):
         msg = (
-            f"{api}(): malformed Arrow array for a primitive type: {array.n_buffers} buffers, "
-            f"{array.n_children} children, length {array.length}, offset {array.offset}."
+            f"{api}(): the {name} metadata {short_repr(raw)} gives no shape of {size} values per "
+            f"row (a JSON object with 'shape': a list of sizes whose product is the list size). "
+            f"The producer is malformed."
         )
         raise ValueError(msg)
-    has_validity = bool(array.buffers[0])
+    strides = _layout.contiguous_strides(tuple(shape))
+    permutation = meta.get("permutation")
+    if permutation is None:
+        return tuple(shape), strides
+    if not (
+        isinstance(permutation, list)
+        and all(type(p) is int for p in permutation)
+        and sorted(permutation) == list(range(len(shape)))
+    ):
+        msg = (
+            f"{api}(): the {name} permutation {short_repr(permutation)} is not a permutation of "
+            f"the {len(shape)} dimensions of shape {shape}. The producer is malformed."
+        )
+        raise ValueError(msg)
+    return tuple(shape[p] for p in permutation), tuple(strides[p] for p in permutation)
+
+
+def _arrow_type(schema: ArrowSchema, api: str) -> _ArrowType:
+    """The tensor form of an Arrow type: a primitive array (one value per row), a fixed-size list
+    of primitives (a row of ``N`` values) or ``arrow.fixed_shape_tensor`` (a row of its shape,
+    permuted as its metadata says). Any other extension type is read as its storage type; a type
+    with no tensor form is a `BufferError` naming it (and the extension)."""
+    fmt = schema.format or b""
+    meta = _read_metadata(schema.metadata)
+    extension = meta.get(_KEY_NAME)
+    ok, dtype = _primitive_dtype(schema)
+    if ok:
+        return _ArrowType(dtype, (), (), 0, extension)
+    size = _list_size(fmt)
+    if size is not None and schema.n_children == 1 and schema.children and not schema.dictionary:
+        ok, dtype = _primitive_dtype(schema.children[0][0])
+        if ok:
+            if extension == _FIXED_SHAPE_TENSOR:
+                shape, strides = _tensor_metadata(meta.get(_KEY_METADATA), size, api)
+                return _ArrowType(dtype, shape, strides, size, extension)
+            return _ArrowType(dtype, (size,), (1,), size, extension)
+        child = schema.children[0][0]
+        fmt = child.format or b""
+        raise _arrow_refusal(fmt, bool(child.dictionary), extension, api)
+    raise _arrow_refusal(fmt, bool(schema.dictionary), extension, api)
+
+
+def _check_nulls(array: ArrowArray, api: str) -> None:
+    has_validity = bool(array.buffers[0]) if array.n_buffers else False
     if array.null_count > 0 or (array.null_count < 0 and has_validity):
         count = "an unknown number of" if array.null_count < 0 else str(array.null_count)
         msg = (
@@ -531,6 +634,39 @@ def _check_arrow_array(array: ArrowArray, api: str) -> None:
             f"Fill them first (pyarrow.compute.fill_null) or drop them (arr.drop_null())."
         )
         raise BufferError(msg)
+
+
+def _check_arrow_array(array: ArrowArray, kind: _ArrowType, api: str) -> ArrowArray:
+    """Check ``array`` against its type; the array that holds the values (the list's child)."""
+    lists = kind.row_size > 0
+    if (
+        array.n_buffers != (1 if lists else 2)
+        or array.n_children != (1 if lists else 0)
+        or array.length < 0
+        or array.offset < 0
+        or (lists and not (array.children and array.children[0]))
+    ):
+        layout = "a fixed-size list" if lists else "a primitive type"
+        msg = (
+            f"{api}(): malformed Arrow array for {layout}: {array.n_buffers} buffers, "
+            f"{array.n_children} children, length {array.length}, offset {array.offset}."
+        )
+        raise ValueError(msg)
+    _check_nulls(array, api)
+    if not lists:
+        return array
+    values = array.children[0][0]
+    needed = (array.offset + array.length) * kind.row_size
+    if values.n_buffers != 2 or values.n_children or values.offset < 0 or values.length < needed:
+        msg = (
+            f"{api}(): malformed Arrow fixed-size list: its values array has {values.n_buffers} "
+            f"buffers, {values.n_children} children, offset {values.offset} and length "
+            f"{values.length}, fewer than the {needed} values its {array.length} lists of "
+            f"{kind.row_size} (offset {array.offset}) reach."
+        )
+        raise ValueError(msg)
+    _check_nulls(values, api)
+    return values
 
 
 def _unpack_bits(ptr: int, offset: int, length: int) -> bytes:
@@ -550,27 +686,38 @@ def _unpack_bits(ptr: int, offset: int, length: int) -> bytes:
 
 
 def _arrow_tensor(
-    array: ArrowArray, owner: _ArrowOwner | None, dtype: DType | None, copy: bool | None, api: str
+    array: ArrowArray, owner: _ArrowOwner | None, kind: _ArrowType, copy: bool | None, api: str
 ) -> tuple[Tensor, bool]:
-    """The tensor for a validated primitive array: a read-only view (owner given) or a bool copy."""
-    data = array.buffers[1] or 0
-    if dtype is None:
+    """The tensor for a validated array: a read-only view (owner given) or a bool copy. A list
+    array's rows are its values array's, from element ``values.offset + array.offset * N``."""
+    values = array.children[0][0] if kind.row_size else array
+    size = kind.row_size or 1
+    first = values.offset + array.offset * size if kind.row_size else array.offset
+    shape = (array.length, *kind.row_shape)
+    strides = (size, *kind.row_strides)
+    data = values.buffers[1] or 0
+    if kind.dtype is None:
         if copy is False:
             msg = (
                 f"{api}(): an Arrow boolean array is bit-packed and tensors hold one byte per bool, so it "
                 f"cannot be shared without a copy; got copy=False. Pass copy=None or copy=True."
             )
             raise ValueError(msg)
-        bits = _unpack_bits(data, array.offset, array.length) if data else bytes(array.length)
-        return _from_bytes(bits, (array.length,), _dtype.bool), True
-    nbytes = (array.offset + array.length) * dtype.itemsize
+        count = array.length * size
+        bits = _unpack_bits(data, first, count) if data else bytes(count)
+        packed = _from_bytes(bits, (count,), _dtype.bool)
+        if not kind.row_strides:
+            return packed, True
+        view = packed.as_strided(shape, strides)
+        return (view if _layout.is_contiguous(shape, strides) else view.contiguous()), True
+    nbytes = (first + array.length * size) * kind.dtype.itemsize
     # Arrow data is immutable (the C data interface shares it freely), so the view is read-only.
     view = wrap_memory(
         data,
-        array.offset,
-        (array.length,),
-        (1,),
-        dtype,
+        first,
+        shape,
+        strides,
+        kind.dtype,
         device=CPU,
         readonly=True,
         owner=owner,
@@ -606,12 +753,12 @@ def import_arrow_array(method: Any, copy: bool | None, api: str) -> tuple[Tensor
     if not array.release:
         msg = f"{api}(): the Arrow array capsule holds a released array; it was already consumed."
         raise RuntimeError(msg)
-    dtype = _arrow_dtype(schema, api)
-    _check_arrow_array(array, api)
-    if dtype is None:  # a copy: read while the producer's capsule still owns the array
-        return _arrow_tensor(array, None, None, copy, api)
+    kind = _arrow_type(schema, api)
+    _check_arrow_array(array, kind, api)
+    if kind.dtype is None:  # a copy: read while the producer's capsule still owns the array
+        return _arrow_tensor(array, None, kind, copy, api)
     owner = _ArrowOwner.move_from(address, ArrowArray)
-    return _arrow_tensor(owner.struct, owner, dtype, copy, api)
+    return _arrow_tensor(owner.struct, owner, kind, copy, api)
 
 
 def _stream_call(stream: _ArrowOwner, fn: int, out: ctypes.Structure, what: str, api: str) -> None:
@@ -638,18 +785,18 @@ def import_arrow_stream(method: Any, copy: bool | None, api: str) -> tuple[Tenso
     struct: ArrowArrayStream = stream.struct
     schema = _ArrowOwner(ArrowSchema())
     _stream_call(stream, struct.get_schema, schema.struct, "get_schema", api)
-    dtype = _arrow_dtype(schema.struct, api)
+    kind = _arrow_type(schema.struct, api)
     chunks: list[_ArrowOwner] = []
     while True:
         chunk = _ArrowOwner(ArrowArray())
         _stream_call(stream, struct.get_next, chunk.struct, "get_next", api)
         if not chunk.struct.release:  # end of stream
             break
-        _check_arrow_array(chunk.struct, api)
+        _check_arrow_array(chunk.struct, kind, api)
         chunks.append(chunk)
     stream.release()  # chunks outlive their stream (C stream interface, "Result lifetimes")
     if len(chunks) == 1:
-        return _arrow_tensor(chunks[0].struct, chunks[0], dtype, copy, api)
+        return _arrow_tensor(chunks[0].struct, chunks[0], kind, copy, api)
     if copy is False and chunks:
         msg = (
             f"{api}(): the Arrow stream holds {len(chunks)} chunks, which one tensor cannot share "
@@ -657,7 +804,8 @@ def import_arrow_stream(method: Any, copy: bool | None, api: str) -> tuple[Tenso
             f"(pyarrow: chunked.combine_chunks())."
         )
         raise ValueError(msg)
-    parts = [_arrow_tensor(c.struct, c, dtype, None, api)[0] for c in chunks]
+    parts = [_arrow_tensor(c.struct, c, kind, None, api)[0] for c in chunks]
     joined = b"".join(p._bytes(api) for p in parts)
-    result_dtype = dtype or _dtype.bool
-    return _from_bytes(joined, (len(joined) // result_dtype.itemsize,), result_dtype), True
+    result_dtype = kind.dtype or _dtype.bool
+    rows = sum(c.struct.length for c in chunks)
+    return _from_bytes(joined, (rows, *kind.row_shape), result_dtype), True

@@ -132,7 +132,7 @@ def _for_torch(t: Tensor) -> Tensor:
     return t.detach()
 
 
-def to_torch(t: Tensor, *, force: bool = False) -> Any:
+def to_torch(t: Tensor, *, force: bool = False, api: str = "torch") -> Any:
     """``Tensor.torch()``: a ``torch.Tensor`` sharing this memory, keeping ``requires_grad``.
 
     Zero-copy, through PyTorch's C exchange API when it has one (``Tensor.__dlpack_c_exchange_api__``,
@@ -142,8 +142,11 @@ def to_torch(t: Tensor, *, force: bool = False) -> Any:
 
     * read-only memory: PyTorch has no read-only tensors and would write through;
     * negative strides: PyTorch has none, and ``torch.from_dlpack`` aborts on them (pytorch/pytorch#188023).
+
+    ``api`` is the name errors give: ``torch`` for the method, ``to_torch`` for the function
+    (`tensorbridge.to_torch`, which converts any array-like first).
     """
-    torch = _peer("torch", "torch")
+    torch = _peer("torch", api)
     strides = t._strides
     negative = len(strides) > 0 and min(strides) < 0
     reason = (
@@ -156,7 +159,7 @@ def to_torch(t: Tensor, *, force: bool = False) -> Any:
     if reason is not None:
         if not force:
             msg = (
-                f"torch(): cannot share this tensor with PyTorch: {reason}. Pass force=True (or call "
+                f"{api}(): cannot share this tensor with PyTorch: {reason}. Pass force=True (or call "
                 f"clone() first) to give PyTorch a copy."
             )
             raise BufferError(msg)

@@ -32,7 +32,7 @@ from . import (
 )
 from ._args import GRAD_MSG, GRAD_MSG_METHOD
 from ._device import CPU, Device, as_device
-from ._dtype import DType, as_dtype
+from ._dtype import DType, as_dtype, foreign_dtype
 from ._errors import warn_user
 from ._fields import TensorFields
 from ._indexing import INDEX_DTYPES, UINT8_INDEX_WARNING, Advanced, parse_index
@@ -239,8 +239,10 @@ class Tensor(TensorFields):
         if not shape:
             msg = "view() received an invalid combination of arguments - got (); give a shape or a dtype."
             raise TypeError(msg)
-        if len(shape) == 1 and isinstance(shape[0], DType):
-            return self._view_dtype(shape[0])
+        if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list)):
+            dtype = shape[0] if isinstance(shape[0], DType) else foreign_dtype(shape[0], "view")
+            if dtype is not None:
+                return self._view_dtype(dtype)
         new_shape = _layout.infer_shape(self.numel(), _layout_args(shape, "view"), "view")
         strides = _layout.view_strides(self._shape, self._strides, new_shape)
         if strides is None:
@@ -1148,6 +1150,8 @@ def _parse_to_args(
             device = as_device(a, "to")
         elif isinstance(a, builtins.bool):
             copy = a
+        elif (foreign := foreign_dtype(a, "to")) is not None:
+            dtype = foreign
         else:
             msg = f"to(): expected a dtype, a device or a tensor; got {a!r} ({type(a).__name__})."
             raise TypeError(msg)

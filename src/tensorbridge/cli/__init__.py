@@ -21,30 +21,27 @@ __all__ = ["main"]
 _COMMANDS = ("doctor", "bench")
 
 
-def _known_peers() -> tuple[str, ...]:
-    from .peers import PEERS
-
-    return PEERS
-
-
 def peer_list(text: str) -> tuple[str, ...]:
-    """``"numpy,torch"`` -> ("numpy", "torch"); ``"none"`` or ``""`` -> () (no peer).
+    """``"numpy,torch"`` -> ("numpy", "torch"); ``"none"`` or ``""`` -> () (no peer). Other
+    spellings of a peer's name (``array-api-strict``, ``paddlepaddle``) give its key.
 
     Raises:
         argparse.ArgumentTypeError: a name the doctor does not exchange with.
     """
+    from .registry import PEERS, canonical
+
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if names in ((), ("none",), ("stdlib",)):
         return ()
-    known = _known_peers()
-    unknown = [n for n in names if n not in known]
+    keys = [canonical(n) for n in names]
+    unknown = [n for n, key in zip(names, keys) if key is None]
     if unknown:
         msg = (
             f"unknown peer {unknown[0]!r}; the doctor exchanges with "
-            f"{', '.join(known)}, or 'none' for the standard library only"
+            f"{', '.join(PEERS)}, or 'none' for the standard library only"
         )
         raise argparse.ArgumentTypeError(msg)
-    return names
+    return tuple(dict.fromkeys(k for k in keys if k is not None))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print one JSON object instead of text, with the keys doctor (format version), "
         "tensorbridge, python, implementation, platform, machine, libraries, devices, matrix, "
-        "dtypes, checks, broken, ok and elapsed_s",
+        "dtypes, checks, peers, broken, ok and elapsed_s",
     )
     doctor.add_argument(
         "--progress",
@@ -76,8 +73,10 @@ def _parser() -> argparse.ArgumentParser:
         type=peer_list,
         default=None,
         metavar="LIST",
-        help="comma-separated libraries to use (numpy,torch,jax,pyarrow,cupy), or 'none' for the "
-        "standard library and tensorbridge only (default: all found; env TB_DOCTOR_PEERS)",
+        help="comma-separated libraries to prove (numpy, torch, jax, pyarrow, cupy, tensorflow, "
+        "paddle, onnxruntime, mlx, warp, array_api_strict, tvm_ffi, cuda_core, polars, pandas, "
+        "nanoarrow, xarray, dask_array), or 'none' for the standard library and tensorbridge "
+        "only (default: all found; env TB_DOCTOR_PEERS)",
     )
     doctor.add_argument(
         "--no-child", action="store_true", help="skip the checks that run in a child interpreter"

@@ -18,33 +18,46 @@ none until it needs it), then proves every exchange cell by running it:
 The exit status is 1 only when tensorbridge breaks one of its own guarantees; a peer's limitation
 is reported, never failed. ``--json`` prints one object with the keys ``doctor`` (format version),
 ``tensorbridge``, ``python``, ``implementation``, ``platform``, ``machine``, ``libraries``
-(`Library`), ``devices``, ``matrix`` and ``dtypes`` (`Cell`), ``checks`` (`Check`), ``broken`` (one
-line per broken guarantee), ``ok`` and ``elapsed_s`` (see `Report.to_json`).
+(`Library`), ``devices``, ``matrix`` and ``dtypes`` (`Cell`), ``checks`` (`Check`), ``peers`` (each
+peer proved or failed, cell by cell, with its own defects: `peer_summary`), ``broken`` (one line
+per broken guarantee), ``ok`` and ``elapsed_s`` (see `Report.to_json`).
+
+Each peer is proved in a child process of its own (`families`): the doctor imports none of them,
+so a peer that aborts or segfaults, or two that crash each other, cannot end it; such a death is
+reported with its signal, and the proof goes on after the exchange it happened in.
 """
 
 from __future__ import annotations
 
 import platform
 import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 import tensorbridge as tb
-from tensorbridge.testing import DTYPES
 
-from .checks import CHECKS, Check, ChildCheck, run_check
+from .checks import (
+    CHECKS,
+    HOMES,
+    READONLY_PROTECTION,
+    Check,
+    ChildCheck,
+    readonly_protection_name,
+    run_check,
+)
 from .environment import Library, find_libraries
-from .errors import one_line
-from .exchange import BROKEN, Cell, Exchange
-from .files import FileSide, file_producers
-from .peers import SIDES
+from .exchange import BROKEN, CRASHED, SHARED, Cell, Exchange
+from .families import PeerResult, prove_peers
+from .plan import plan
 from .progress import Progress
+from .registry import PEERS
 from .scaleout import start as start_scaleout
-from .sides import MemoryviewSide, Side, Stdlib, TensorbridgeSide, stdlib_producers
+from .sides import Defect, TensorbridgeSide
 
-__all__ = ["Options", "Report", "run"]
+__all__ = ["Options", "Report", "peer_summary", "run"]
 
 
 @dataclass
@@ -54,6 +67,7 @@ class Options:
     peers: tuple[str, ...] | None = None
     progress: bool = False
     child_checks: bool = True
+    jobs: int | None = None  # peers proved at once (default: one per CPU core)
 
 
 @dataclass
@@ -65,7 +79,12 @@ class Report:
     matrix: list[Cell]
     dtypes: list[Cell]
     checks: list[Check]
+    peers: list[PeerResult] = field(default_factory=list)
     elapsed_s: float = 0.0
+
+    @property
+    def defects(self) -> list[Defect]:
+        return [d for p in self.peers for d in p.defects]
 
     @property
     def broken(self) -> list[str]:
@@ -94,76 +113,93 @@ class Report:
             "matrix": [asdict(c) for c in self.matrix],
             "dtypes": [asdict(c) for c in self.dtypes],
             "checks": [asdict(c) for c in self.checks],
+            "peers": [peer_summary(p) for p in self.peers],
             "broken": self.broken,
             "ok": self.ok,
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
 
-def _load_sides(
-    libraries: list[Library], wanted: tuple[str, ...] | None, progress: Callable[[str], None]
-) -> list[Side]:
-    sides: list[Side] = []
+def peer_summary(result: PeerResult) -> dict[str, Any]:
+    """One peer in ``--json``: ``verdict`` is ``proved`` (every cell ran and kept every
+    guarantee), ``failed`` (tensorbridge broke a guarantee with it, or its process died) or the
+    library's status where it was not used; ``shares_memory`` says whether any exchange with
+    tensorbridge shared memory; ``to_tensorbridge``/``from_tensorbridge`` list the dtypes by
+    outcome; ``cells`` lists every cell it was in, with each one's outcome."""
+    lib = result.library
+    cells = [cell for _, (_, cell) in sorted(result.cells.items())]
+
+    def direction(producer: str, consumer: str) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for kind, cell in sorted(result.cells.values(), key=lambda kc: kc[0]):
+            if kind == "dtypes" and (cell.producer, cell.consumer) == (producer, consumer):
+                found.setdefault(cell.outcome, []).append(cell.dtype)
+        return found
+
+    broken = [c for c in cells if c.outcome == BROKEN and c.blame == "tensorbridge"]
+    if lib.status != "used":
+        verdict = lib.status
+    else:
+        verdict = "failed" if broken or result.crashes else "proved"
+    shares = any(c.outcome == SHARED and "tensorbridge" in (c.producer, c.consumer) for c in cells)
+    return {
+        "key": lib.key,
+        "name": lib.name,
+        "version": lib.version,
+        "status": lib.status,
+        "verdict": verdict,
+        "shares_memory": shares,
+        "error": lib.error,
+        "crashes": result.crashes,
+        "seconds": round(result.seconds, 2),
+        "to_tensorbridge": direction(lib.key, "tensorbridge"),
+        "from_tensorbridge": direction("tensorbridge", lib.key),
+        "cells": [
+            {
+                "producer": c.producer,
+                "consumer": c.consumer,
+                "route": c.route,
+                "device": c.device,
+                "dtype": c.dtype,
+                "outcome": c.outcome,
+                "proof": c.proof,
+                "verdict": "failed"
+                if c.outcome == CRASHED or (c.outcome == BROKEN and c.blame == "tensorbridge")
+                else "proved",
+                "reason": c.reason,
+            }
+            for c in cells
+        ],
+        "defects": [asdict(d) for d in result.defects],
+    }
+
+
+def _select(libraries: list[Library], wanted: tuple[str, ...] | None) -> list[Library]:
+    """The libraries to prove, in display order; the others get their status."""
+    chosen = []
     for lib in libraries:
         if lib.version is None:
             continue
-        if lib.key not in SIDES:
+        if lib.key not in PEERS:
             lib.status = "listed"
-            continue
-        if wanted is not None and lib.key not in wanted:
+        elif wanted is not None and lib.key not in wanted:
             lib.status = "not selected"
-            continue
-        progress(f"importing {lib.name} ({lib.module})")
-        try:
-            side = SIDES[lib.key]()
-            lib.devices = list(side.devices())
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # SystemExit too: a peer's import must not end the doctor
-            lib.status, lib.error = "import failed", one_line(exc)
-            continue
-        lib.status = "used"
-        sides.append(side)
-    for lib in libraries:
-        if lib.key == "ml_dtypes" and lib.version and any(s.key in ("numpy", "jax") for s in sides):
-            lib.status, lib.error = "used", None  # through NumPy's extended dtypes
-    return sides
+        else:
+            chosen.append(lib)
+    return chosen
 
 
-def _matrix(
-    ex: Exchange,
-    producers: list[Side],
-    consumers: list[Side],
-    devices: list[str],
-    progress: Callable[[str], None],
-) -> list[Cell]:
-    cells = []
-    for device in devices:
-        for p in producers:
-            if device not in p.devices() and p is not ex.tb:
-                continue
-            dtype = p.dtypes()[0] if isinstance(p, Stdlib) else "int32"
-            for c in consumers:
-                if device not in c.devices() and c is not ex.tb:
-                    continue
-                progress(f"exchange {device}: {p.key} -> {c.key}")
-                cells.append(ex.run(p, c, device, "tensorbridge", dtype, unaligned=True))
-                if ex.tb not in (p, c) and not isinstance(p, FileSide):  # files need a loader
-                    cells.append(ex.run(p, c, device, "direct", dtype, unaligned=True))
-    return cells
+def _readonly_home(chosen: list[Library]) -> str | None:
+    """Where the read-only protection check runs: with PyTorch, else NumPy, else here (None)."""
+    keys = {lib.key for lib in chosen}
+    return next((k for k in ("torch", "numpy") if k in keys), None)
 
 
-def _dtype_cells(
-    ex: Exchange, producers: list[Side], consumers: list[Side], progress: Callable[[str], None]
-) -> list[Cell]:
-    cells = []
-    for p in producers:
-        for c in consumers:
-            if p is c is ex.tb:
-                continue
-            progress(f"dtypes: {p.key} -> {c.key}")
-            cells += [ex.run(p, c, "cpu", "tensorbridge", d.name) for d in DTYPES]
-    return cells
+def _child_args(home: str | None) -> Callable[[Library], list[str]]:
+    def args(lib: Library) -> list[str]:
+        return ["--readonly-check"] if lib.key == home else []
+
+    return args
 
 
 def _start_child(options: Options, libraries: list[Library]) -> ChildCheck | None:
@@ -175,30 +211,65 @@ def _start_child(options: Options, libraries: list[Library]) -> ChildCheck | Non
     return ChildCheck()  # runs on another core while this process works
 
 
+def _own_checks(readonly: bool, progress: Callable[[str], None]) -> list[Check]:
+    """The checks that need no peer, run here (``readonly``: the read-only protection one too)."""
+    checks = []
+    for registered, fn in CHECKS:
+        home = HOMES.get(registered)
+        if home == "readonly" and readonly:
+            name = readonly_protection_name(())
+        elif home is None:
+            name = registered
+        else:
+            continue
+        progress(f"check: {name}")
+        checks.append(run_check(name, fn, {}))
+    return checks
+
+
+def _check_order(check: Check) -> int:
+    names = [name for name, _ in CHECKS]
+    if check.name.startswith(READONLY_PROTECTION):
+        return names.index(READONLY_PROTECTION)
+    return names.index(check.name) if check.name in names else len(names)
+
+
 def run(options: Options, stderr: TextIO | None = None) -> Report:
-    """Find the libraries, run every cell and check, and return the report."""
+    """Find the libraries, prove every cell and check (each peer in its own process), and return
+    the report."""
     start = time.perf_counter()
     progress = Progress(options.progress, stderr or sys.stderr)
     libraries = find_libraries()
+    chosen = _select(libraries, options.peers)
+    home = _readonly_home(chosen)
     child = _start_child(options, libraries)
     scale = start_scaleout(libraries, options.peers) if options.child_checks else None
+    found: list[PeerResult] = []
+
+    def prove() -> None:
+        found.extend(prove_peers(chosen, _child_args(home), progress, options.jobs))
+
+    peers_thread = threading.Thread(target=prove, name="tensorbridge-doctor-peers", daemon=True)
     try:
-        sides = _load_sides(libraries, options.peers, progress)
+        peers_thread.start()
         tbside = TensorbridgeSide()
         ex = Exchange(tbside)
-        devices = ["cpu", *sorted({d for s in sides for d in s.devices() if d.startswith("cuda")})]
-        files = file_producers()
-        producers = [*stdlib_producers(), *files, *sides, tbside]
-        matrix = _matrix(ex, producers, [tbside, MemoryviewSide(), *sides], devices, progress)
-        typed = [s for s in sides if s.dtypes() and "cpu" in s.devices()]
-        dtype_consumers = [tbside, *(s for s in typed if s.protocol in ("dlpack", "both"))]
-        dtypes = _dtype_cells(ex, [*files, *typed, tbside], dtype_consumers, progress)
-        by_key = {s.key: s for s in sides}
-        checks = []
-        for name, fn in CHECKS:
-            progress(f"check: {name}")
-            checks.append(run_check(name, fn, by_key))
-        if child is not None and "torch" in by_key:
+        matrix: list[Cell] = []
+        dtypes: list[Cell] = []
+        for job in plan(tbside, [], []):
+            progress(job.label)
+            cell = ex.run(job.p, job.c, job.device, job.route, job.dtype, unaligned=job.unaligned)
+            (matrix if job.kind == "matrix" else dtypes).append(cell)
+        checks = _own_checks(home is None, progress)
+        peers_thread.join()
+        for result in found:
+            for _, (kind, cell) in sorted(result.cells.items()):
+                (matrix if kind == "matrix" else dtypes).append(cell)
+            checks += result.checks
+        checks.sort(key=_check_order)
+        if child is not None and any(
+            r.library.key == "torch" and r.library.status == "used" for r in found
+        ):
             progress("waiting for the child-interpreter check")
             checks.append(child.result())
         if scale is not None:
@@ -210,6 +281,11 @@ def run(options: Options, stderr: TextIO | None = None) -> Report:
         if scale is not None:
             scale.stop()
         progress.close()
-    report = Report(libraries, devices, matrix, dtypes, checks)
+    for lib in libraries:
+        numpy_used = any(r.library.key == "numpy" and r.library.status == "used" for r in found)
+        if lib.key == "ml_dtypes" and lib.version and numpy_used:
+            lib.status, lib.error = "used", None  # through NumPy's extended dtypes
+    devices = sorted({d for r in found for d in r.library.devices if d.startswith("cuda")})
+    report = Report(libraries, ["cpu", *devices], matrix, dtypes, checks, found)
     report.elapsed_s = time.perf_counter() - start
     return report

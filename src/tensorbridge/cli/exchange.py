@@ -17,9 +17,10 @@ from .errors import Unavailable, one_line, raised_in_tensorbridge, warning_text
 from .files import FileSide
 from .sides import ALIGN, Side, Stdlib, TensorbridgeSide, handoff, is_buffer, pattern
 
-__all__ = ["BROKEN", "COPIED", "NONE", "REFUSED", "SHARED", "Cell", "Exchange"]
+__all__ = ["BROKEN", "COPIED", "CRASHED", "NONE", "REFUSED", "SHARED", "Cell", "Exchange"]
 
 SHARED, COPIED, REFUSED, BROKEN, NONE = "shared", "copied", "refused", "broken", "n/a"
+CRASHED = "crashed"  # the peer's process died during the exchange (`families`)
 _TRIES: Final = 64  # allocations tried for a wanted alignment before giving up
 
 
@@ -32,7 +33,8 @@ class Cell:
         device: ``"cpu"`` or ``"cuda:0"``...
         route: ``"tensorbridge"`` (producer -> tensorbridge -> consumer) or ``"direct"``.
         dtype: the tensorbridge dtype name exchanged.
-        outcome: ``shared``, ``copied``, ``refused``, ``broken`` or ``n/a``.
+        outcome: ``shared``, ``copied``, ``refused``, ``broken``, ``crashed`` (the process
+            died during it: ``reason`` gives the signal) or ``n/a``.
         proof: ``"write"`` (a write through one side was read through the other) or ``"address"``
             (neither side may be written: both report the same address); None unless shared.
         blame: who refused or broke it (a side key), or None.
@@ -72,6 +74,12 @@ def _exports(x: Any) -> bool:
     except Exception:
         return False
     return True
+
+
+def _arrow_only(x: Any) -> bool:
+    """Whether tensorbridge imports ``x`` through an Arrow export (no DLPack, no buffer)."""
+    arrow = hasattr(x, "__arrow_c_array__") or hasattr(x, "__arrow_c_stream__")
+    return arrow and not hasattr(x, "__dlpack__") and not is_buffer(x)
 
 
 _DOCUMENTED: Final = (TypeError, ValueError, BufferError, RuntimeError)
@@ -243,7 +251,13 @@ class Exchange:
             if not self._consume(cell, flow, given, calls):
                 return
         cell.calls = " -> ".join(calls)
-        self._prove(cell, flow)
+        try:
+            self._prove(cell, flow)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # the consumer took it but cannot show its values
+            cell.outcome, cell.blame = REFUSED, flow.c.key
+            cell.reason = f"{flow.c.key} cannot read what it imported: {one_line(exc)}"
 
     def _consume(self, cell: Cell, flow: _Flow, given: Any, calls: list[str]) -> bool:
         """Import ``given`` through the consumer's entry points in turn, as its users would: the
@@ -307,6 +321,9 @@ class Exchange:
             cell.outcome, cell.blame = REFUSED, flow.c.key
         elif isinstance(exc, NotImplementedError) or not isinstance(exc, _DOCUMENTED):
             self._break(cell, cell.reason)
+        elif isinstance(exc, TypeError) and flow.c.protocol == "arrow":
+            # Arrow has no type for these elements (bfloat16, complex): a documented refusal.
+            cell.outcome, cell.blame = REFUSED, "tensorbridge"
         elif isinstance(exc, TypeError) and not _numpy_can_name(flow.t.dtype):
             # NumPy has no type for these elements (float4 pairs; bfloat16 or float8 without
             # ml_dtypes): tensorbridge refuses rather than hand out an object array or raw bytes
@@ -334,7 +351,16 @@ class Exchange:
             if not seen:
                 return f"tensorbridge copied the {p.key} on load instead of mapping it"
             return None
+        if not p.has_memory:  # the producer computes a new array for each export
+            cell.notes.append(f"{p.key} has no memory of its own to share: it computes each export")
+            return None
         if t.data_ptr() != p.address(x):
+            if t.dtype is tb.bool and _arrow_only(x):
+                cell.notes.append(
+                    "tensorbridge copies Arrow booleans, which are bit-packed, to one byte per "
+                    "value (documented); tb.asarray takes an Arrow export before __array__"
+                )
+                return None
             return f"tensorbridge copied {p.key}'s memory on import instead of sharing it"
         return None
 

@@ -1,5 +1,6 @@
-"""The array libraries the doctor exchanges with, each as a `Side`: NumPy, PyTorch, JAX, pyarrow and
-CuPy. A side imports its library when it is made, never before."""
+"""NumPy, PyTorch, JAX, pyarrow and CuPy, each as a `Side` (the other peers are in `peers_ml`,
+`peers_dlpack` and `peers_frames`; `registry` names them all). A side imports its library when it
+is made, never before, and only in the peer's own process (`child`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tensorbridge.testing import DTYPES
 from .errors import Unavailable
 from .sides import ALIGN, Side, format_dtype, is_buffer, skip
 
-__all__ = ["PEERS", "SIDES", "CupySide", "JaxSide", "NumpySide", "PyArrowSide", "TorchSide"]
+__all__ = ["CupySide", "JaxSide", "NumpySide", "PyArrowSide", "TorchSide"]
 
 
 class NumpySide(Side):
@@ -256,10 +257,13 @@ class PyArrowSide(Side):
     def _span(self, x: Any) -> tuple[Any, int, int]:
         if isinstance(x, self.pa.Buffer):
             return x, 0, x.size
-        width = x.type.bit_width // 8
+        width = max(x.type.bit_width // 8, 1)
         return x.buffers()[1], x.offset * width, len(x) * width
 
     def read(self, x: Any) -> bytes:
+        if not isinstance(x, self.pa.Buffer) and x.type == self.pa.bool_():
+            # bit-packed: one byte per value, as a tensor holds them
+            return bytes(bytearray(int(v) for v in x.to_pylist()))
         buf, start, size = self._span(x)
         return bytes(buf.to_pybytes()[start : start + size])
 
@@ -333,14 +337,3 @@ class CupySide(Side):
             msg = "cupy imports DLPack producers only"
             raise Unavailable(msg)
         return [("cupy.from_dlpack", lambda: self.cupy.from_dlpack(obj))]
-
-
-# Libraries the doctor can exchange with, in display order; the others are listed only.
-SIDES: Final[dict[str, Callable[[], Side]]] = {
-    "numpy": NumpySide,
-    "torch": TorchSide,
-    "jax": JaxSide,
-    "pyarrow": PyArrowSide,
-    "cupy": CupySide,
-}
-PEERS: Final = tuple(SIDES)  # the names ``--peers`` accepts

@@ -12,8 +12,8 @@ from tensorbridge.testing import DTYPES
 
 from .checks import Check
 from .environment import Library
-from .exchange import BROKEN, COPIED, NONE, REFUSED, SHARED, Cell
-from .peers import PEERS
+from .exchange import BROKEN, COPIED, CRASHED, NONE, REFUSED, SHARED, Cell
+from .registry import PEERS
 
 if TYPE_CHECKING:
     from .doctor import Report
@@ -73,6 +73,8 @@ def _outcome_text(outcome: str, proof: str | None, blame: str | None) -> str:
         return "copied"
     if outcome == REFUSED:
         return "no"
+    if outcome == CRASHED:
+        return "CRASH"
     return "BROKEN" if blame == "tensorbridge" else "wrong"
 
 
@@ -99,7 +101,8 @@ def _cell_text(cell: Cell | None, notes: _Footnotes) -> str:
 _LEGEND: Final = (
     "shared: a write through the producer was read through the consumer; shared*: neither side "
     "may be written, both see the same address; copied: the values arrived, the memory is not "
-    "shared; no: refused; -: no common protocol; BROKEN: tensorbridge broke a guarantee. The "
+    "shared; no: refused; -: no common protocol; CRASH: the peer's process died (see Peers); "
+    "BROKEN: tensorbridge broke a guarantee. The "
     "doctor allocates 64-byte-aligned memory; a/b: a over such memory, b over memory that is not "
     "(for consumers that share only aligned memory). [n]: the reasons below."
 )
@@ -153,6 +156,8 @@ def _dtype_mark(cell: Cell) -> str:
         return "c"
     if cell.outcome == REFUSED:
         return "r" if cell.blame == "tensorbridge" else "x"
+    if cell.outcome == CRASHED:
+        return "#"
     return "."
 
 
@@ -171,7 +176,8 @@ def _dtype_lines(cells: list[Cell]) -> list[str]:
     legend = (
         "dtype coverage through tensorbridge, cpu: = shared; c copied or converted by the "
         "consumer; x refused by a peer; r refused by tensorbridge as documented (a read-only "
-        "tensor asked for as a legacy capsule); . the producer has no such dtype; ! BROKEN"
+        "tensor asked for as a legacy capsule); . the producer has no such dtype; # the peer's process "
+        "died (see Peers); ! BROKEN"
     )
     lines = textwrap.wrap(legend, WIDTH)
     for names in (standard, low):
@@ -242,6 +248,62 @@ def no_library_hint(libraries: list[Library]) -> str | None:
     return text
 
 
+def _count(cells: list[Cell], producer: str, consumer: str) -> str:
+    """``"12/15"``: dtypes shared of those the pair tried (the producer could make)."""
+    pair = [
+        c for c in cells if (c.producer, c.consumer) == (producer, consumer) and c.outcome != NONE
+    ]
+    if not pair:
+        return "-"
+    return f"{sum(c.outcome == SHARED for c in pair)}/{len(pair)}"
+
+
+def _peer_lines(report: Report) -> list[str]:
+    if not report.peers:
+        return []
+    rows = []
+    notes = _Footnotes()
+    for result in report.peers:
+        lib = result.library
+        cells = [cell for kind, cell in result.cells.values() if kind == "dtypes"]
+        verdict = lib.status
+        if lib.status == "used":
+            verdict = "crashed, went on" if result.crashes else "proved"
+        if lib.error or result.crashes:
+            why = lib.error or "; ".join(result.crashes)
+            verdict += f" [{notes.ref(why)}]"
+        rows.append(
+            [
+                lib.name,
+                _count(cells, lib.key, "tensorbridge"),
+                _count(cells, "tensorbridge", lib.key),
+                f"{result.seconds:.1f} s",
+                verdict,
+            ]
+        )
+    lines = textwrap.wrap(
+        "Peers, each proved in a process of its own (dtypes shared with no copy, read-only "
+        "checked; into tb: the peer's arrays imported by tensorbridge; out of tb: tensorbridge's "
+        "tensors imported by the peer)",
+        WIDTH,
+    )
+    lines += table(["peer", "into tb", "out of tb", "time", "result"], rows)
+    lines += notes.lines()
+    defects = report.defects
+    if defects:
+        lines += ["", "The peers' own defects (not tensorbridge's), and what to do"]
+        names = {r.library.key: r.library.name for r in report.peers}
+        for d in defects:
+            seen = "" if d.seen else " (known; not tried here, it would end the process)"
+            lines += textwrap.wrap(
+                f"{names.get(d.peer, d.peer)}: {d.what}{seen}. What to do: {d.fix}",
+                WIDTH,
+                initial_indent="  - ",
+                subsequent_indent="    ",
+            )
+    return [*lines, ""]
+
+
 def _check_lines(checks: list[Check]) -> list[str]:
     lines = ["Safety checks"]
     for check in checks:
@@ -279,6 +341,7 @@ def render(report: Report) -> str:
         )
     lines += [*textwrap.wrap(_LEGEND, WIDTH), ""]
     lines += _dtype_lines(report.dtypes)
+    lines += _peer_lines(report)
     lines += _check_lines(report.checks)
     if report.ok:
         lines.append(f"OK: tensorbridge kept every guarantee checked ({report.elapsed_s:.1f} s).")

@@ -116,6 +116,8 @@ def check_dask():
 for key in sys.argv[1:]:
     try:
         out[key] = check_ray() if key == "ray" else check_dask()
+    except ImportError as exc:  # the transport cannot start here: skipped, not failed
+        out[key] = {"skipped": f"it could not be imported: {type(exc).__name__}: {exc}"[:300]}
     except Exception as exc:
         out[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
 print("RESULT " + json.dumps(out))

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import array
 import ctypes
+import importlib
 import mmap
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import tensorbridge as tb
 from tensorbridge.testing import DTYPES, buffer_address, dtype_from_format, offers_buffer
 
+from .capsules import dlpack_address
 from .errors import Unavailable
 
 __all__ = [
     "ALIGN",
+    "DLPackSide",
+    "Defect",
     "MemoryviewSide",
     "Side",
     "Stdlib",
@@ -56,15 +61,34 @@ def flip_buffer(obj: Any) -> bool:
     return True
 
 
+@dataclass
+class Defect:
+    """A peer's own defect the doctor saw (or, for one that would kill the process, knows of).
+
+    Attributes:
+        peer: the peer's key.
+        what: what the peer does, in its users' words.
+        fix: what to do about it.
+        seen: True when measured in this run; False when known but not run (it would crash).
+    """
+
+    peer: str
+    what: str
+    fix: str
+    seen: bool = True
+
+
 class Side:
     """A library's way to make, read, write, locate and import arrays (defaults: buffer objects)."""
 
     key = "?"
     label = "?"
-    # What it consumes: "dlpack", "buffer", "both" (the two), or "arrow" (the Arrow C data
-    # interface, then the buffer protocol).
+    # What it consumes: "dlpack", "buffer", "both" (the two), "arrow" (the Arrow C data
+    # interface, then the buffer protocol), or "array" (any array-like, through NumPy's
+    # ``__array__`` and its dtype protocol: pandas, xarray, dask.array).
     protocol = "buffer"
     has_readonly = True  # False where the library has no read-only arrays at all (PyTorch)
+    has_memory = True  # False where each export computes a new array (dask.array)
     # The alignment every allocation of this producer has (0: whatever the allocator gives), and
     # the alignment this consumer needs to share memory instead of copying it (0: none).
     fixed_alignment = 0
@@ -118,6 +142,54 @@ class Side:
     def copy_note(self, address: int) -> str | None:
         """Why this consumer copied memory at ``address``, when the library documents a reason."""
         return None
+
+    def defects(self) -> list[Defect]:
+        """The library's own defects, measured here (never one that would crash the process)."""
+        return []
+
+
+class DLPackSide(Side):
+    """A library that exchanges through DLPack only. NumPy, where installed, is the measuring
+    instrument: ``np.from_dlpack`` reads and writes the library's memory; the address comes from
+    the library's own capsule (`dlpack_address`), never from tensorbridge's import."""
+
+    protocol = "dlpack"
+    immutable = False  # the library's arrays are never written (the proof is then the address)
+
+    def __init__(self) -> None:
+        try:
+            self.np: Any = importlib.import_module("numpy")
+        except ImportError:
+            self.np = None
+
+    def host(self, x: Any) -> Any:
+        """A NumPy view of ``x`` (or a copy, for reading only)."""
+        if self.np is None:
+            msg = f"{self.label}: reading its arrays needs NumPy"
+            raise Unavailable(msg)
+        return self.np.from_dlpack(x)
+
+    def read(self, x: Any) -> bytes:
+        return bytes(self.host(x).tobytes())
+
+    def poke(self, x: Any) -> bool:
+        if self.immutable or self.np is None:
+            return False
+        try:
+            view = self.np.from_dlpack(x)
+        except Exception:  # a dtype NumPy cannot import: the proof is then the address
+            return False
+        if not view.flags.writeable or view.size == 0:
+            return False
+        flat = view.reshape(-1).view(self.np.uint8)
+        flat[0] ^= 1
+        return True
+
+    def address(self, x: Any) -> int:
+        return dlpack_address(x)
+
+    def readonly(self, x: Any) -> bool | None:
+        return True if self.immutable else None
 
 
 class Stdlib(Side):
