@@ -83,6 +83,9 @@ CIMPORTS = {name: _cimports(name) for name in COMPILED}
 #       does) instead of reading through NULL, so no value Python code can hand in or leave behind
 #       (a tensor whose private `_storage` was cleared) makes compiled code crash; one compare per
 #       typed access.
+#   binding=True, embedsignature=False: compiled functions are Cython's function objects, which
+#       carry their signature (`inspect.signature`, `help()`) as Python functions do; an embedded
+#       signature line would make `help()` show it twice.
 #   freethreading_compatible=True: on free-threaded CPython each module declares that it runs
 #       without the GIL (Py_mod_gil), so importing tensorbridge does not turn the GIL back on. It is
 #       true of every module: their shared tables are dictionaries and lists (each operation atomic
@@ -95,7 +98,7 @@ DIRECTIVES = {
     "infer_types": False,
     "annotation_typing": False,
     "binding": True,
-    "embedsignature": True,
+    "embedsignature": False,
     "nonecheck": True,
     "freethreading_compatible": True,
 }

@@ -6,6 +6,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -131,6 +132,7 @@ def full_run(tmp_path_factory):
     from tensorbridge.cli import doctor, render
     report = doctor.run(doctor.Options())
     open({str(out / "report.txt")!r}, "w").write(render.render(report))
+    open({str(out / "verbose.txt")!r}, "w").write(render.render(report, verbose=True))
     json.dump(report.to_json(), open({str(out / "report.json")!r}, "w"))
     sys.exit(0 if report.ok else 1)
     """
@@ -143,7 +145,8 @@ def full_run(tmp_path_factory):
     )
     assert proc.stdout == "", proc.stdout[-2000:]
     text = (out / "report.txt").read_text()
-    return proc.returncode, text, json.loads((out / "report.json").read_text()), proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    return proc.returncode, text, report, proc.stderr, (out / "verbose.txt").read_text()
 
 
 @pytest.fixture
@@ -381,11 +384,13 @@ def test_pyarrow_consumer_takes_arrow_producers_first():
 
 
 def test_doctor_text_fits_100_columns(full_run):
-    """Every line of the text report is at most 100 columns wide."""
-    lines = full_run[1].splitlines()
-    assert max(len(line) for line in lines) <= 100
-    assert lines[0].startswith("tensorbridge ")
-    assert any(line.startswith("Safety checks") for line in lines)
+    """Every line of the text report, with --verbose or without, is at most 100 columns wide."""
+    for text in (full_run[1], full_run[4]):
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= 100
+        assert lines[0].startswith("tensorbridge ")
+    assert any(line.startswith("Safety checks") for line in full_run[4].splitlines())
+    assert not any(line.startswith("Safety checks") for line in full_run[1].splitlines())
 
 
 def test_doctor_without_progress_writes_nothing_to_stderr():
@@ -475,7 +480,12 @@ def test_doctor_exits_nonzero_when_a_guarantee_breaks():
     """
     proc = _run("doctor", "--peers", "none", code=code)
     assert proc.returncode == 1
-    assert "BROKEN" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines[2].startswith("BROKEN: tensorbridge broke ")
+    assert "  - check: read-only buffers give read-only tensors: " in proc.stdout
+    assert max(len(line) for line in lines) <= 100
+    proc = _run("doctor", "--peers", "none", "--verbose", code=code)
+    assert proc.returncode == 1
     assert "FAIL  read-only buffers give read-only tensors" in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 100
 
@@ -648,3 +658,316 @@ def test_module_entry_point_runs_the_doctor():
     )
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert proc.stdout.startswith("tensorbridge ")
+
+
+# --------------------------------------------------------------------------------------------------
+# The summary: what a new user reads first.
+
+_CHECK, _CROSS = "\u2713", "\u2717"
+# How pip spells each library the doctor would use (PyTorch at the version tensorbridge is
+# pinned to); the install line names exactly the missing ones.
+_PIP = {
+    "numpy": "numpy",
+    "torch": "torch==2.13.0",
+    "jax": "jax",
+    "cupy": "cupy",
+    "tensorflow": "tensorflow",
+    "pyarrow": "pyarrow",
+    "array_api_strict": "array-api-strict",
+    "mlx": "mlx",
+    "paddle": "paddlepaddle",
+    "onnxruntime": "onnxruntime",
+    "warp": "warp-lang",
+    "cuda_core": "cuda-core",
+    "polars": "polars",
+    "pandas": "pandas",
+    "nanoarrow": "nanoarrow",
+    "xarray": "xarray",
+    "dask_array": "dask",
+    "ml_dtypes": "ml_dtypes",
+    "tvm_ffi": "apache-tvm-ffi",
+    "ray": "ray",
+    "dask": "distributed",
+}
+# A sitecustomize module that makes the named distributions look not installed: their modules
+# do not import and their metadata is not found (in the peers' own processes too).
+_UNINSTALL = """
+import importlib.abc, importlib.metadata as md, sys
+_HIDDEN = {hidden!r}
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in _HIDDEN:
+            raise ImportError("hidden for the test: " + name)
+        return None
+sys.meta_path.insert(0, _Block())
+_version = md.version
+def _hidden_version(name):
+    if name.lower() in _HIDDEN:
+        raise md.PackageNotFoundError(name)
+    return _version(name)
+md.version = _hidden_version
+"""
+
+
+def _summary(text: str) -> list[str]:
+    """The summary's lines: from the first line to the one that says where the details are."""
+    lines = text.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("More: --verbose"))
+    return lines[: end + 1]
+
+
+def _rows(summary: list[str]) -> dict[str, list[str]]:
+    """The summary's library rows by library name: the name, four marks and any note."""
+    rows: dict[str, list[str]] = {}
+    header = next((i for i, line in enumerate(summary) if line.startswith("  library ")), None)
+    if header is None:
+        return rows
+    for line in summary[header + 1 :]:
+        if not re.match(r"  \S", line):
+            break
+        cols = [c.strip() for c in line.strip().split("  ") if c.strip()]
+        rows[cols[0]] = cols
+    return rows
+
+
+def _install_words(text: str) -> list[str]:
+    """The libraries the install line names (after ``pip install``, over its continuations)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "pip install" in line), None)
+    if start is None:
+        return []
+    joined = []
+    for line in lines[start:]:
+        joined.append(line.removesuffix("\\").strip())
+        if not line.endswith("\\"):
+            break
+    return " ".join(joined).partition("pip install ")[2].split()
+
+
+def test_doctor_summary_comes_first(full_run):
+    """The report opens with a summary of at most 25 lines: the platform, the build, the verdict,
+    one line per peer, what to install; --verbose prints the same summary, then the details."""
+    _, text, report, _, verbose = full_run
+    summary = _summary(text)
+    assert len(summary) <= render.SUMMARY_LINES
+    assert text.splitlines() == summary  # nothing broke: the summary is the whole default report
+    assert summary[0].startswith(f"tensorbridge {tb.__version__} doctor, Python ")
+    assert summary[1].startswith(("build: pure-Python", "build: compiled"))
+    assert summary[2].startswith("OK: tensorbridge kept every guarantee it checked")
+    assert summary[-1].startswith("More: --verbose (every exchange, dtype and check")
+    assert not summary[-1].endswith("...")
+    assert verbose.startswith("\n".join(summary) + "\n\n")
+    rows = _rows(summary)
+    peers = {p["name"]: p for p in report["peers"]}
+    assert set(rows) == set(peers)  # one line per peer proved, none for the others
+    for name, peer in peers.items():
+        row = rows[name]
+        if peer["status"] != "used":
+            assert row[1:3] == [_CROSS, _CROSS], row
+            continue
+        into, out, zero_copy, readonly = row[1:5]
+        assert into == (_CHECK if {"shared", "copied"} & set(peer["to_tensorbridge"]) else _CROSS)
+        assert out == (_CHECK if {"shared", "copied"} & set(peer["from_tensorbridge"]) else _CROSS)
+        assert zero_copy in (_CHECK, _CROSS) or "/" in zero_copy
+        assert readonly in (_CHECK, _CROSS)
+    if "PyTorch" in rows and peers["PyTorch"]["status"] == "used":
+        assert rows["PyTorch"][4:] == [_CROSS, "has no read-only arrays"]  # documented, measured
+    missing = [lib["key"] for lib in report["libraries"] if lib["version"] is None]
+    assert _install_words(text) == [_PIP[key] for key in missing if key in _PIP]
+
+
+def test_doctor_summary_names_what_to_install(tmp_path):
+    """With PyTorch and JAX not installed, the install line names them (PyTorch at its pinned
+    version) and every other library the doctor would use that is missing, nothing installed."""
+    hidden = {"torch", "jax", "jaxlib"}
+    (tmp_path / "sitecustomize.py").write_text(_UNINSTALL.format(hidden=hidden))
+    src = str(Path(tb.__file__).resolve().parents[1])
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), src]))}
+    env["PYTHONIOENCODING"] = "utf-8"
+    code = """
+    import json
+    from tensorbridge.cli import doctor, render
+    report = doctor.run(doctor.Options(peers=(), child_checks=False))
+    missing = [lib.key for lib in report.libraries if lib.version is None]
+    print(json.dumps({"text": render.render(report), "missing": missing}))
+    raise SystemExit(0)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={**os.environ, **env},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout)
+    assert {"torch", "jax"} <= set(found["missing"])
+    words = _install_words(found["text"])
+    assert words == [_PIP[key] for key in found["missing"] if key in _PIP]
+    assert {"torch==2.13.0", "jax"} <= set(words)  # numpy leads where it is missing too
+    if _installed("numpy"):
+        assert "numpy" not in words
+    assert len(_summary(found["text"])) <= render.SUMMARY_LINES
+
+
+def test_doctor_summary_without_peers():
+    """With no peer, the summary says why and what to do, and still has the build and verdict."""
+    proc = _run("doctor", "--peers", "none")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = _summary(proc.stdout)
+    assert proc.stdout.splitlines() == summary
+    assert len(summary) <= render.SUMMARY_LINES
+    assert summary[1].startswith("build: ")
+    assert summary[2].startswith("OK: ")
+    assert "No array library was used" in proc.stdout
+    assert not _rows(summary)
+
+
+def test_doctor_summary_with_the_peers_hidden(tmp_path):
+    """With every peer unimportable, each installed one has a line that says its import failed."""
+    proc = _run("doctor", "--no-child", env={**_hidden(tmp_path), "PYTHONIOENCODING": "utf-8"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = _summary(proc.stdout)
+    assert len(summary) <= render.SUMMARY_LINES
+    assert summary[2].startswith("OK: ")
+    rows = _rows(summary)
+    for name, row in rows.items():
+        assert row[1:3] == [_CROSS, _CROSS], (name, row)
+    if _installed("numpy"):  # its own line, or one line for all that could not be used
+        said = " ".join(rows["NumPy"]) if "NumPy" in rows else proc.stdout
+        assert "import failed" in said
+
+
+def test_doctor_summary_falls_back_to_ascii():
+    """Where stdout's encoding cannot print check marks, the summary says yes and no."""
+    pytest.importorskip("numpy")
+    proc = _run("doctor", "--peers", "numpy", "--no-child", env={"PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.isascii()
+    row = _rows(_summary(proc.stdout))["NumPy"]
+    assert row[1:5] == ["yes", "yes", "yes", "yes"], row
+    assert render.can_print_marks(io.TextIOWrapper(io.BytesIO(), encoding="utf-8"))
+    assert not render.can_print_marks(io.TextIOWrapper(io.BytesIO(), encoding="ascii"))
+    assert not render.can_print_marks(io.TextIOWrapper(io.BytesIO(), encoding="latin-1"))
+
+
+# --------------------------------------------------------------------------------------------------
+# The legend and the footnotes say what the doctor measured.
+
+
+def _matrix_block(text: str, title: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    block = []
+    for line in lines[start + 1 :]:
+        if line and not line.startswith(" "):
+            break
+        block.append(line)
+    return block
+
+
+def _footnotes(block: list[str]) -> dict[str, str]:
+    notes: dict[str, str] = {}
+    current = None
+    for line in block:
+        if line.startswith("  ["):
+            current, _, rest = line.strip()[1:].partition("] ")
+            notes[current] = rest
+        elif current is not None and line.startswith("      "):
+            notes[current] += " " + line.strip()
+        else:
+            current = None
+    return notes
+
+
+def _row_notes(block: list[str], producer: str) -> list[str]:
+    notes = _footnotes(block)
+    refs = [
+        ref
+        for line in block
+        if line.startswith(f"  {producer} ")
+        for ref in re.findall(r"\[(\d+)\]", line)
+    ]
+    return [notes[ref] for ref in refs]
+
+
+def _legend(text: str) -> str:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("shared: "))
+    end = lines.index("", start)
+    return " ".join(lines[start:end])
+
+
+def test_doctor_legend_and_jax_footnotes_agree(full_run):
+    """JAX rows are proved by the address (shared*); the legend says that proves no view's
+    writability, and a footnote says tensorbridge's view is writable exactly when it is."""
+    jnp = pytest.importorskip("jax.numpy")
+    verbose = full_run[4]
+    legend = _legend(verbose)
+    assert "neither side may be written" not in legend
+    assert "shared*: the doctor could not write through the producer" in legend
+    assert "says nothing about whether either view may be written" in legend
+    writable = not tb.from_dlpack(jnp.arange(4, dtype=jnp.int32)).is_readonly
+    block = _matrix_block(verbose, "Exchange through tensorbridge, cpu")
+    row = next(line for line in block if line.startswith("  jax "))
+    assert "shared*" in row
+    said = [n for n in _row_notes(block, "jax") if "tensorbridge's view of them is writable" in n]
+    assert bool(said) == writable, said
+    readonly = _rows(_summary(full_run[1]))["JAX"][4]
+    assert readonly == (_CROSS if writable else _CHECK)
+
+
+def _jax_report(note: str) -> tuple[object, list[object]]:
+    """A report of JAX exchanges as the doctor records them, with ``note`` on JAX's export."""
+    from tensorbridge.cli.doctor import Report
+    from tensorbridge.cli.environment import Library
+    from tensorbridge.cli.exchange import Cell
+    from tensorbridge.cli.families import PeerResult
+
+    lib = Library("jax", "JAX", "jax", "jax", "0.0", "used", ["cpu"])
+    into = Cell("jax", "tensorbridge", "cpu", "tensorbridge", "int32", "shared", "address")
+    into.notes = [note] if note else []
+    out = Cell("tensorbridge", "jax", "cpu", "tensorbridge", "int32", "shared", "write")
+    back = Cell("jax", "jax", "cpu", "tensorbridge", "int32", "refused", blame="tensorbridge")
+    back.reason = "BufferError: cannot export a read-only tensor as an unversioned capsule"
+    result = PeerResult(lib, {0: ("matrix", into), 1: ("dtypes", into), 2: ("dtypes", out)})
+    result.cells[3] = ("dtypes", back)
+    report = Report([lib], ["cpu"], [into], [into, out, back], [], [result])
+    return report, [into, out, back]
+
+
+def test_footnote_on_a_writable_jax_view_agrees_with_the_legend():
+    """Where JAX exports read-only arrays without a read-only mark, the footnote on its shared*
+    row says tensorbridge's view is writable, the legend does not contradict it, and the summary
+    marks JAX's read-only column."""
+    from tensorbridge.cli import exchange
+
+    note = exchange._EXPORTS_WRITABLE.format(p="jax")
+    report, (into, _, _) = _jax_report(note)
+    assert exchange.writable_sides(into) == {"jax"}
+    text = render.render(report, verbose=True)
+    block = _matrix_block(text, "Exchange through tensorbridge, cpu")
+    row = next(line for line in block if line.startswith("  jax "))
+    assert "shared* [1]" in row
+    (footnote,) = _row_notes(block, "jax")
+    assert "tensorbridge's view of them is writable" in footnote
+    assert "neither side may be written" not in _legend(text)
+    jax = _rows(_summary(text))["JAX"]
+    assert jax[1:5] == [_CHECK, _CHECK, _CHECK, _CROSS]
+    assert jax[5] == "exports its read-only arrays writable"
+    clean, _ = _jax_report("")
+    assert _rows(_summary(render.render(clean)))["JAX"][4] == _CHECK
+
+
+def test_dtype_rows_keep_a_round_trip_apart_from_an_import():
+    """jax>tb (JAX's arrays into tensorbridge) and jax>tb>jax (there and back) are two rows."""
+    report, _ = _jax_report("")
+    text = render.render(report, verbose=True)
+    rows: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if ">" in line:
+            rows.setdefault(line.split()[0], line.split()[1:])  # the first block: bool, u8...
+    assert rows["jax>tb"][:1] == ["="]
+    assert rows["jax>tb>jax"][:1] == ["r"]
+    assert rows["tb>jax"][:1] == ["="]

@@ -74,6 +74,7 @@ def _doctor(*args: str, fake: Path | None = None) -> subprocess.CompletedProcess
     paths = [str(fake)] if fake is not None else []
     paths += [_SRC, os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    env["PYTHONIOENCODING"] = "utf-8"  # the summary's check marks, whatever the locale
     return subprocess.run(
         [sys.executable, "-m", "tensorbridge", "doctor", *args],
         capture_output=True,
@@ -178,6 +179,7 @@ def _fake_tvm_ffi(tmp_path: Path, body: str) -> Path:
 def test_a_peer_that_segfaults_is_reported_and_survived(tmp_path):
     """A peer whose import call segfaults kills its own process, not the doctor: each such cell
     is reported crashed with the signal, the proof goes on after it, and the exit status stays 0."""
+    pytest.importorskip("numpy")  # the tvm-ffi side makes its arrays with NumPy
     fake = _fake_tvm_ffi(
         tmp_path,
         """
@@ -203,6 +205,7 @@ def test_a_peer_that_segfaults_is_reported_and_survived(tmp_path):
 
 def test_a_peer_that_aborts_on_import_is_reported_and_survived(tmp_path):
     """A peer whose import aborts the process is reported crashed, naming SIGABRT."""
+    pytest.importorskip("numpy")  # the tvm-ffi side makes its arrays with NumPy
     fake = _fake_tvm_ffi(tmp_path, "import os\nos.abort()\n")
     proc = _doctor("--json", "--no-child", "--peers", "tvm_ffi", fake=fake)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -213,7 +216,36 @@ def test_a_peer_that_aborts_on_import_is_reported_and_survived(tmp_path):
     assert "importing" in lib["error"]
     proc = _doctor("--no-child", "--peers", "tvm_ffi", fake=fake)  # the text says so too
     assert proc.returncode == 0
-    assert "SIGABRT" in proc.stdout
+    row = _summary_row(proc.stdout, "TVM FFI")
+    assert "\u2717" in row and "crashed" in row and "SIGABRT (signal 6)" in row, row
+    assert proc.stdout.splitlines()[2].startswith("OK: ")  # a peer's crash breaks no guarantee
+
+
+def _summary_row(text: str, name: str) -> str:
+    """The summary's line for library ``name`` (the summary ends with the "More" line)."""
+    lines = text.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("More: --verbose"))
+    assert end < 25, text
+    (row,) = [line for line in lines[:end] if line.startswith(f"  {name}  ")]
+    return row
+
+
+def test_the_summary_says_which_peer_crashed_and_how(tmp_path):
+    """A peer whose process segfaults has a summary line with a cross, "crashed" and the signal."""
+    pytest.importorskip("numpy")  # the tvm-ffi side makes its arrays with NumPy
+    fake = _fake_tvm_ffi(
+        tmp_path,
+        """
+        import ctypes
+
+        def from_dlpack(obj):
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        """,
+    )
+    proc = _doctor("--no-child", "--peers", "tvm_ffi", fake=fake)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = _summary_row(proc.stdout, "TVM FFI")
+    assert "\u2717" in row and "crashed" in row and "SIGSEGV (signal 11)" in row, row
 
 
 def test_no_headline_names_a_library_that_is_not_used():

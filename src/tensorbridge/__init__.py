@@ -4,9 +4,10 @@ A `Tensor` is a strided view of memory that someone else may own. tensorbridge i
 views through DLPack (versioned and legacy capsules), the buffer protocol, ``__array_interface__``,
 ``__cuda_array_interface__`` and Arrow, without copying, and with the safety checks PyTorch and NumPy lack.
 
-Errors are built-in exceptions, chosen by meaning, plus one class of tensorbridge's own:
+Errors are built-in exceptions, chosen by meaning, plus two classes of tensorbridge's own:
 `NotDLPackError` (a `TypeError` and an `AttributeError`), raised by `from_dlpack` for an object that
-is neither a DLPack producer nor a capsule.
+is neither a DLPack producer nor a capsule, and `ValuesRefused` (a `BufferError`), for values no
+tensor can hold (an Arrow array with nulls), whichever protocol carries them.
 
     >>> import tensorbridge as tb
     >>> t = tb.arange(4)
@@ -75,9 +76,9 @@ from ._format import get_printoptions, printoptions, set_printoptions
 __all__ += ["get_printoptions", "printoptions", "set_printoptions"]
 
 from ._dlpack import from_dlpack, to_dlpack
-from ._errors import NotDLPackError
+from ._errors import NotDLPackError, ValuesRefused
 
-__all__ += ["NotDLPackError", "from_dlpack", "to_dlpack"]
+__all__ += ["NotDLPackError", "ValuesRefused", "from_dlpack", "to_dlpack"]
 
 from ._buffer import frombuffer
 from ._file import from_file
@@ -88,9 +89,9 @@ from ._npy import load_npy, save_npy
 
 __all__ += ["load_npy", "save_npy"]
 
-from ._convert import as_tensor, asarray, from_pointer, tensor, to_torch
+from ._convert import as_tensor, asarray, from_numpy, from_pointer, tensor, to_torch
 
-__all__ += ["as_tensor", "asarray", "from_pointer", "tensor", "to_torch"]
+__all__ += ["as_tensor", "asarray", "from_numpy", "from_pointer", "tensor", "to_torch"]
 
 from . import utils
 

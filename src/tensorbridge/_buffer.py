@@ -21,7 +21,7 @@ from ._args import GRAD_MSG_CREATE, as_bool, as_int
 from ._capi import PY_BUF_FULL_RO
 from ._device import CPU
 from ._dtype import DType, as_dtype, from_format, uint8
-from ._errors import release_frames
+from ._errors import refusal_fix, release_frames, short_repr
 from ._interfaces import memory_refused
 from ._native import describe_buffer
 from ._storage import (
@@ -35,7 +35,7 @@ from ._storage import (
 )
 from ._tensor import Tensor, _construct
 
-__all__ = ["frombuffer", "import_buffer", "import_ndarray"]
+__all__ = ["buffer_refused", "frombuffer", "import_buffer", "import_ndarray"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -129,14 +129,39 @@ def _acquire(obj: Any, api: str) -> BufferStorage:
                 f"mmap or another buffer exporter."
             )
             raise ValueError(msg) from None
-        msg = (
-            f"{api}(): could not retrieve buffer from object of type {type(obj).__name__!r} "
-            f"({type(exc).__name__}: {exc}). Only C-contiguous memory can be shared; copy it "
-            f"first (bytes(memoryview(obj)), numpy.ascontiguousarray(obj))."
-        )
-        raise RuntimeError(msg) from exc
+        raise buffer_refused(obj, exc, api, True) from exc
     storage.readonly = True  # whatever the exporter says: it refused a writable export
     return storage
+
+
+def buffer_refused(obj: Any, exc: BaseException, api: str, contiguous: bool) -> RuntimeError:
+    """PyTorch's `RuntimeError` for an exporter that gave no buffer ("could not retrieve buffer
+    from object"), with the exporter's reason, the object and the fix: `refusal_fix`'s where it
+    knows the reason (a released memoryview); a contiguous copy where ``contiguous`` memory was
+    asked and the exporter does serve a strided buffer; else an exporter whose memory is still
+    there. Error paths only (`frombuffer`, `asarray`'s buffer path)."""
+    fix = refusal_fix(obj, exc)
+    if fix is None and contiguous and _strided_only(obj):
+        fix = (
+            "Only C-contiguous memory can be shared; copy it first (bytes(memoryview(obj)), "
+            "numpy.ascontiguousarray(obj))."
+        )
+    if fix is None:
+        fix = "Pass an exporter whose memory is still there (not closed or released)."
+    msg = (
+        f"{api}(): could not retrieve buffer from object of type {type(obj).__name__!r} "
+        f"({type(exc).__name__}: {exc}); got {short_repr(obj)}. {fix}"
+    )
+    return RuntimeError(msg)
+
+
+def _strided_only(obj: Any) -> bool:
+    """Whether ``obj``, which refused a C-contiguous buffer, serves a strided one."""
+    try:
+        BufferStorage(obj, PY_BUF_FULL_RO)  # released at once: nothing keeps it
+    except Exception:
+        return False
+    return True
 
 
 def _element_count(length: int, count: int, offset: int, itemsize: int) -> int:

@@ -65,14 +65,22 @@ from typing import Any, Final
 
 from . import _capi, _creation, _dlpack, _interfaces, _layout, _peers, _tensor
 from ._args import as_copy, as_int
-from ._buffer import import_buffer, import_ndarray
+from ._buffer import buffer_refused, import_buffer, import_ndarray
 from ._cache import TypeTable, remember_type
 from ._device import Device, as_device
-from ._dtype import DType, as_dtype
-from ._errors import release_frames, short_repr
+from ._dtype import BY_ML_DTYPES, DType, as_dtype
+from ._errors import ValuesRefused, as_called, numpy_fix, release_frames, short_repr
 from ._tensor import Tensor
 
-__all__ = ["as_tensor", "asarray", "from_pointer", "is_protocol_object", "tensor", "to_torch"]
+__all__ = [
+    "as_tensor",
+    "asarray",
+    "from_numpy",
+    "from_pointer",
+    "is_protocol_object",
+    "tensor",
+    "to_torch",
+]
 
 # The paths `asarray` can take. A path is always one of these very objects (`_dispatch` returns
 # them, and the per-type table holds them), so the hot paths test it with ``is``.
@@ -254,7 +262,7 @@ def _fall_through(
     ``refusal``; None when there is none or it fails too (the caller raises ``refusal``), except a
     later ``copy=False`` refusal (`ValueError`), raised as the answer to what was asked."""
     after = _after(path, obj)
-    if after is None:
+    if after is None or isinstance(refusal, ValuesRefused):
         return None
     try:
         return _import(after[0], obj, after[1], device, copy, dtype, api)
@@ -277,22 +285,6 @@ def is_protocol_object(obj: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- paths
-_FROM_DLPACK_PREFIX: Final = "from_dlpack(): "
-
-
-def _as_called(exc: BaseException, api: str) -> BaseException:
-    """``exc``, its message naming ``api`` (the function the user called) where tensorbridge's
-    DLPack import named itself; the producer's own errors pass through unchanged."""
-    message = exc.args[0] if len(exc.args) == 1 else None
-    if (
-        api != "from_dlpack"
-        and isinstance(message, str)
-        and message.startswith(_FROM_DLPACK_PREFIX)
-    ):
-        exc.args = (f"{api}(): {message[len(_FROM_DLPACK_PREFIX) :]}",)
-    return exc
-
-
 def _import(
     path: str,
     obj: Any,
@@ -320,18 +312,23 @@ def _import(
         try:
             t = _dlpack.from_dlpack(obj, device=device, copy=True if producer_copies else copy)
         except BufferError as refusal:
-            later = _fall_through(refusal, _DLPACK, obj, device, copy, dtype, api)
+            later = _ml_dtypes_import(obj, device, copy, dtype, api) or _fall_through(
+                refusal, _DLPACK, obj, device, copy, dtype, api
+            )
             if later is not None:
                 return later
-            raise _as_called(refusal, api) from refusal.__cause__
+            called = as_called(refusal, api, obj)
+            raise called from called.__cause__
         except Exception as exc:
-            raise _as_called(exc, api) from exc.__cause__
+            called = as_called(exc, api, obj)
+            raise called from called.__cause__
         return t, producer_copies
     if path is _CAPSULE:
         try:
             return _dlpack.from_dlpack(obj), False
         except Exception as exc:
-            raise _as_called(exc, api) from exc.__cause__
+            called = as_called(exc, api, obj)
+            raise called from called.__cause__
     try:
         if path is _ARROW:
             return _interfaces.import_arrow_array(found, copy, api)
@@ -350,9 +347,12 @@ def _import(
             return later
         raise
     except Exception as failure:
-        if (path is not _ARROW and path is not _ARROW_STREAM) or str(failure).startswith(
-            f"{api}():"
-        ):
+        own = str(failure).startswith(f"{api}():")
+        if path is _BUFFER and not own:
+            # The exporter refused the buffer request (a released memoryview, a closed mmap):
+            # PyTorch's words for it, as `frombuffer` says them.
+            raise buffer_refused(obj, failure, api, False) from failure
+        if (path is not _ARROW and path is not _ARROW_STREAM) or own:
             raise  # not an Arrow door, or tensorbridge's own answer (to copy=False, say)
         # The producer's own Arrow export can fail where its other doors serve (pyarrow cannot
         # export complex or bfloat16 NumPy data, which xarray and pandas hand it; xarray refuses
@@ -361,6 +361,27 @@ def _import(
         if later is not None:
             return later
         raise
+
+
+def _ml_dtypes_import(
+    obj: Any, device: Device | None, copy: bool | None, dtype: DType | None, api: str
+) -> tuple[Tensor, bool] | None:
+    """A NumPy array of an ml_dtypes type tensorbridge has (bfloat16, the float8 types, ...),
+    which NumPy's DLPack export refuses unless ml_dtypes registers its types there: its raw bits
+    (an unsigned view of the same memory, so the tensor holds the array) read as that dtype.
+    None for any other object. Called when DLPack refused ``obj``."""
+    ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
+    if ndarray is None or not isinstance(obj, ndarray):
+        return None
+    ml_type = getattr(obj.dtype, "type", None)
+    if getattr(ml_type, "__module__", None) != "ml_dtypes":
+        return None
+    held = BY_ML_DTYPES.get(obj.dtype.name)
+    if held is None:
+        return None
+    raw = obj.view(f"u{obj.dtype.itemsize}")
+    t, copied = _import(_NDARRAY, raw, None, device, copy, None, api)
+    return t.view(held), copied
 
 
 _COPY_KEYWORD: Final = "unexpected keyword argument 'copy'"
@@ -506,7 +527,11 @@ def _finish(
                 f"Pass copy=None or copy=True to allow a copy."
             )
             raise ValueError(msg)
-        t, copied = t.to(device), True
+        try:
+            t, copied = t.to(device), True
+        except Exception as exc:  # to()'s refusal (tensorbridge does not copy between devices)
+            called = as_called(exc, api, source)
+            raise called from called.__cause__
     if dtype is not None and dtype is not t.dtype:
         if copy is False:
             have, want = (d.torch_name or d.name for d in (t.dtype, dtype))
@@ -593,8 +618,7 @@ def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, a
         t, copied = obj, False
     elif path is _SEQUENCE or path is _SCALAR:
         if copy is False:
-            msg = f"{api}(): can't alias arbitrary sequence into a tensor. Pass copy=None or copy=True."
-            raise ValueError(msg)
+            raise _alias_refusal(obj, path, api)
         return _creation.from_data(obj, dtype, want, requires_grad, api)
     else:
         if copy is None and path is _ARRAY_INTERFACE and _is_numpy_scalar(obj):
@@ -608,6 +632,23 @@ def convert(obj: Any, dtype: Any, device: Any, copy: Any, requires_grad: bool, a
     return _finish(
         t, copied, obj, dtype=dtype, device=want, copy=copy, requires_grad=requires_grad, api=api
     )
+
+
+def _alias_refusal(obj: Any, path: str, api: str) -> ValueError:
+    """PyTorch's refusal of ``copy=False`` for data held by value (a Python scalar, nested
+    sequences), which has no memory a tensor could share, naming the value and the fix."""
+    cls = type(obj)
+    what = (
+        "a Python scalar, a value with no memory"
+        if path is _SCALAR
+        else "a sequence of Python objects, not memory"
+    )
+    msg = (
+        f"{api}(): can't alias arbitrary sequence into a tensor. Got {short_repr(obj)} "
+        f"({cls.__module__}.{cls.__qualname__}), {what} a tensor could share. Pass copy=None "
+        f"(or copy=True) for a tensor holding a copy of its values."
+    )
+    return ValueError(msg)
 
 
 # ---------------------------------------------------------------------------------------------- pointers
@@ -708,6 +749,15 @@ def tensor(
     tensors and NumPy scalars keep their dtype, and the leaves promote as ``torch.promote_types`` does.
     Objects with ``__dlpack__``, a buffer or an array interface are copied through `asarray`.
 
+    Args:
+        data: what to copy: nested sequences, scalars, or any object `asarray` takes.
+        dtype: the result's dtype; None infers it as above.
+        device: the result's device (host memory only).
+        requires_grad: mark the result as requiring gradients (floating and complex dtypes only).
+
+    Returns:
+        A new tensor in memory of its own, which nothing else refers to.
+
     Example:
         >>> tensor([[1, 2], [3, 4]])
         tensor([[1, 2],
@@ -732,12 +782,101 @@ def _copy_of(data: Any, dtype: Any, device: Any, requires_grad: bool, api: str) 
 
 
 def as_tensor(data: Any, dtype: DType | None = None, device: Any = None) -> Tensor:
-    """`asarray` without ``copy``: shares memory when possible (PyTorch's ``as_tensor``)."""
+    """`asarray` without ``copy``: shares memory when possible (PyTorch's ``as_tensor``).
+
+    Args:
+        data: anything `asarray` takes.
+        dtype: the result's dtype; another dtype than the source's means a converting copy.
+        device: the result's device; another device than the source's means a copy (host memory
+            only).
+
+    Returns:
+        A tensor, sharing ``data``'s memory (kept alive by the tensor) wherever `asarray` would.
+    """
     try:
         return convert(data, dtype, device, None, False, "as_tensor")
     except BaseException as exc:
         release_frames(exc)
         raise
+
+
+def from_numpy(ndarray: Any) -> Tensor:
+    """A tensor sharing a NumPy array's memory, zero-copy (PyTorch's ``torch.from_numpy``).
+
+    Writes through either one are seen by the other. The tensor holds the array (a held buffer
+    export of it, or its DLPack capsule), so the memory stays valid while any view of the tensor
+    lives, whatever happens to the caller's references; the array cannot be resized meanwhile.
+    Unlike PyTorch, which warns and hands out a writable tensor, a read-only array (NumPy's
+    ``writeable`` flag off) gives a read-only tensor: writes raise.
+
+    Takes more than ``torch.from_numpy``, wherever tensorbridge holds the data: the ml_dtypes
+    types tensorbridge has (bfloat16, the float8 types; their bits are read through an unsigned
+    view of the same memory), every unsigned integer width (uint16, uint32, uint64), and negative
+    strides (PyTorch raises ``ValueError`` for them). Array subclasses are read through
+    ``__dlpack__``.
+
+    Args:
+        ndarray: a ``numpy.ndarray`` (or a subclass); no other array-like (see `asarray`).
+
+    Returns:
+        A tensor with the array's shape, strides, dtype and read-only flag, over its memory.
+
+    Raises:
+        TypeError: ``ndarray`` is not a NumPy array (PyTorch's "expected np.ndarray (got ...)"),
+            or its dtype holds no numbers (strings, objects, datetimes, records: PyTorch's "can't
+            convert np.ndarray of type ..."), with the conversion that fixes it.
+        ValueError: its byte order is not native (PyTorch's "given numpy array has byte order
+            different from the native byte order"), with the conversion that fixes it.
+
+    Example:
+        >>> import numpy as np
+        >>> a = np.arange(3)
+        >>> t = from_numpy(a)
+        >>> t[0] = 7
+        >>> a
+        array([7, 1, 2])
+    """
+    api = "from_numpy"
+    cls = type(ndarray)
+    if not _is_ndarray(cls):
+        numpy_type = getattr(sys.modules.get("numpy"), "ndarray", None)
+        if numpy_type is None or not isinstance(ndarray, numpy_type):
+            msg = (
+                f"{api}(): expected np.ndarray (got {cls.__name__}); got {short_repr(ndarray)}. "
+                f"Pass a NumPy array, or use tensorbridge.asarray() for any other array-like."
+            )
+            raise TypeError(msg)
+    try:
+        path = _NDARRAY if _is_ndarray(cls) else _DLPACK
+        return _import(path, ndarray, None, None, None, None, api)[0]
+    except BaseException as exc:
+        release_frames(exc)
+        refusal = _numpy_refusal(ndarray, api)
+        if refusal is None:
+            raise
+        raise refusal from exc
+
+
+def _numpy_refusal(array: Any, api: str) -> Exception | None:
+    """PyTorch's refusal of a NumPy array whose dtype it cannot hold, where tensorbridge cannot
+    either: `TypeError` ("can't convert np.ndarray of type ...") or, for a byte order that is not
+    native, `ValueError`; each naming the dtype and the fix (`_errors.numpy_fix`). None for a
+    dtype tensorbridge holds (the refusal was about something else)."""
+    dtype = array.dtype
+    fix = numpy_fix(dtype)
+    if fix is None:
+        return None
+    if dtype.isnative or dtype.kind in "OUSVMm":
+        msg = (
+            f"{api}(): can't convert np.ndarray of type {dtype.type.__module__}."
+            f"{dtype.type.__name__}; got {short_repr(array)}. {fix}"
+        )
+        return TypeError(msg)
+    msg = (
+        f"{api}(): given numpy array has byte order different from the native byte order; got "
+        f"{short_repr(array)}. {fix}"
+    )
+    return ValueError(msg)
 
 
 def to_torch(obj: Any, *, force: bool = False) -> Any:
@@ -747,6 +886,11 @@ def to_torch(obj: Any, *, force: bool = False) -> Any:
     is: a NumPy array, a DLPack producer, a buffer, ...; nested sequences are copied). A tensor
     PyTorch cannot share (read-only memory, negative strides) is a `BufferError` unless
     ``force=True``, which hands PyTorch a copy; errors name ``to_torch``.
+
+    Args:
+        obj: anything `asarray` takes.
+        force: hand PyTorch a copy where it cannot share the memory (read-only memory, negative
+            strides) instead of raising `BufferError`; memory PyTorch can share is shared anyway.
 
     Example:
         >>> to_torch([1, 2, 3])  # doctest: +SKIP

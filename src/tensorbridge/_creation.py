@@ -324,7 +324,16 @@ def _creation_args(
 def zeros(
     *size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    """A new tensor of zeros (float32 unless ``dtype`` says otherwise)."""
+    """A new tensor of zeros (float32 unless ``dtype`` says otherwise).
+
+    Args:
+        *size: the shape, as ``f(2, 3)`` or ``f((2, 3))``.
+        dtype: the element type (a tensorbridge dtype, its name, or another library's dtype);
+            float32 when None.
+        device: where the tensor lives: None or ``"cpu"`` (tensorbridge allocates host memory
+            only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
+    """
     shape, dt, dev = _creation_args(size, dtype, device, "zeros")
     return _zeroed(shape, dt, dev, requires_grad, "zeros")
 
@@ -332,7 +341,16 @@ def zeros(
 def ones(
     *size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    """A new tensor of ones (float32 unless ``dtype`` says otherwise)."""
+    """A new tensor of ones (float32 unless ``dtype`` says otherwise).
+
+    Args:
+        *size: the shape, as ``f(2, 3)`` or ``f((2, 3))``.
+        dtype: the element type (a tensorbridge dtype, its name, or another library's dtype);
+            float32 when None.
+        device: where the tensor lives: None or ``"cpu"`` (tensorbridge allocates host memory
+            only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
+    """
     shape, dt, dev = _creation_args(size, dtype, device, "ones")
     return _filled(shape, 1, dt, dev, requires_grad, "ones")
 
@@ -340,7 +358,16 @@ def ones(
 def empty(
     *size: Any, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    """A new tensor; tensorbridge memory is always zero-initialised, so this equals `zeros`."""
+    """A new tensor; tensorbridge memory is always zero-initialised, so this equals `zeros`.
+
+    Args:
+        *size: the shape, as ``f(2, 3)`` or ``f((2, 3))``.
+        dtype: the element type (a tensorbridge dtype, its name, or another library's dtype);
+            float32 when None.
+        device: where the tensor lives: None or ``"cpu"`` (tensorbridge allocates host memory
+            only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
+    """
     shape, dt, dev = _creation_args(size, dtype, device, "empty")
     return _zeroed(shape, dt, dev, requires_grad, "empty")
 
@@ -353,7 +380,18 @@ def full(
     device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    """A new tensor filled with ``fill_value``; dtype inferred from it as PyTorch does."""
+    """A new tensor filled with ``fill_value``; dtype inferred from it as PyTorch does.
+
+    Args:
+        size: the shape, a sequence of sizes.
+        fill_value: the value of every element.
+        dtype: the element type (a tensorbridge dtype, its name, or another library's dtype);
+            when None, inferred from ``fill_value`` as PyTorch does (bool, int64,
+            float32, complex64).
+        device: where the tensor lives: None or ``"cpu"`` (tensorbridge allocates host memory
+            only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
+    """
     shape = _layout.as_shape((size,), "full", negative=RuntimeError)
     if dtype is None:
         dt = _DEFAULT_FOR_KIND[_scalar_kind(fill_value, "full")]
@@ -376,7 +414,15 @@ def _like(t: Tensor, dtype: Any, device: Any, api: str) -> tuple[tuple[int, ...]
 def zeros_like(
     t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    """Zeros with ``t``'s shape (and dtype unless given)."""
+    """Zeros with ``t``'s shape (and dtype unless given).
+
+    Args:
+        t: the tensor whose shape (and, unless ``dtype`` is given, dtype) the result takes.
+        dtype: the element type; None keeps ``t``'s.
+        device: where the tensor lives; None keeps ``t``'s device when it is host memory, else
+            ``"cpu"`` (tensorbridge allocates host memory only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
+    """
     shape, dt, dev = _like(t, dtype, device, "zeros_like")
     return _zeroed(shape, dt, dev, requires_grad, "zeros_like")
 
@@ -384,7 +430,15 @@ def zeros_like(
 def ones_like(
     t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    """Ones with ``t``'s shape (and dtype unless given)."""
+    """Ones with ``t``'s shape (and dtype unless given).
+
+    Args:
+        t: the tensor whose shape (and, unless ``dtype`` is given, dtype) the result takes.
+        dtype: the element type; None keeps ``t``'s.
+        device: where the tensor lives; None keeps ``t``'s device when it is host memory, else
+            ``"cpu"`` (tensorbridge allocates host memory only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
+    """
     shape, dt, dev = _like(t, dtype, device, "ones_like")
     return _filled(shape, 1, dt, dev, requires_grad, "ones_like")
 
@@ -392,7 +446,15 @@ def ones_like(
 def empty_like(
     t: Tensor, *, dtype: DType | None = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    """A zeroed tensor with ``t``'s shape (and dtype unless given)."""
+    """A zeroed tensor with ``t``'s shape (and dtype unless given).
+
+    Args:
+        t: the tensor whose shape (and, unless ``dtype`` is given, dtype) the result takes.
+        dtype: the element type; None keeps ``t``'s.
+        device: where the tensor lives; None keeps ``t``'s device when it is host memory, else
+            ``"cpu"`` (tensorbridge allocates host memory only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
+    """
     shape, dt, dev = _like(t, dtype, device, "empty_like")
     return _zeroed(shape, dt, dev, requires_grad, "empty_like")
 
@@ -405,7 +467,16 @@ def full_like(
     device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    """``fill_value`` everywhere, with ``t``'s shape (and dtype unless given)."""
+    """``fill_value`` everywhere, with ``t``'s shape (and dtype unless given).
+
+    Args:
+        t: the tensor whose shape (and, unless ``dtype`` is given, dtype) the result takes.
+        fill_value: the value of every element.
+        dtype: the element type; None keeps ``t``'s.
+        device: where the tensor lives; None keeps ``t``'s device when it is host memory, else
+            ``"cpu"`` (tensorbridge allocates host memory only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
+    """
     shape, dt, dev = _like(t, dtype, device, "full_like")
     return _filled(shape, fill_value, dt, dev, requires_grad, "full_like")
 
@@ -424,6 +495,16 @@ def arange(
     Length and values follow PyTorch: ``ceil((end - start) / step)`` elements computed in double
     precision, each ``start + i * step`` computed in double for floating dtypes and in integers for
     integer dtypes (float arguments truncated, as PyTorch does), then cast to ``dtype``.
+
+    Args:
+        start: the first value; with ``end`` None, the end (and the start is 0).
+        end: the end, excluded.
+        step: the distance between values, nonzero.
+        dtype: the element type; None infers it as PyTorch does (int64 for integer arguments,
+            float32 when any is a float).
+        device: where the tensor lives: None or ``"cpu"`` (tensorbridge allocates host memory
+            only).
+        requires_grad: mark the result as requiring grad (PyTorch's flag: exports refuse it).
 
     Example:
         >>> arange(4)

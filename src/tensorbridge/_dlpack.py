@@ -77,7 +77,7 @@ from ._dlpack_c import (
     read_versioned,
 )
 from ._dlpack_export import _export
-from ._errors import NotDLPackError, release_frames, short_repr
+from ._errors import NotDLPackError, as_called, release_frames, short_repr
 from ._layout import MAX_NDIM, contiguous_strides
 from ._native import capsule_pointer, capsule_set_name
 from ._storage import Storage, locate, own_managed, refusal_of, refused
@@ -164,6 +164,10 @@ def from_dlpack(ext_tensor: Any, *, device: Any = None, copy: Any = None) -> Ten
         return _from_dlpack_with(ext_tensor, _as_target(device), as_copy(copy, "from_dlpack"))
     except BaseException as exc:
         release_frames(exc)  # a refusal holds nothing once it leaves: see `_errors.release_frames`
+        called = as_called(exc, "from_dlpack", ext_tensor) if isinstance(exc, Exception) else exc
+        if called is not exc:
+            raise called from called.__cause__
+        del called  # this frame is in the traceback: it must not hold the exception (a cycle)
         raise
 
 

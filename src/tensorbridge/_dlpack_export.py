@@ -53,7 +53,7 @@ from ._dlpack_abi import (
     DLTENSOR_VERSIONED,
 )
 from ._dlpack_c import exchange_api_of
-from ._errors import short_repr
+from ._errors import caller_module, short_repr
 from ._exports import hold_capsule, hold_managed
 from ._native import capsule_new
 
@@ -146,15 +146,51 @@ def _export(  # the __dlpack__ arguments, plus the API name for messages
         t = _export_copy(t, copy, api)
         storage = t._storage
     elif storage.readonly and not versioned:
-        msg = (
-            f"{api}(): cannot export a read-only tensor as an unversioned 'dltensor' capsule, "
-            f"since signalling readonly is unsupported by DLPack before version 1.0. Call "
-            f"__dlpack__(max_version=(1, 0)), or export a clone()."
-        )
-        raise BufferError(msg)
+        raise _legacy_readonly_refusal(api)
     if stream is not None and stream > 2 and device.dlpack_type == DLDeviceType.kDLCUDA:
         _cuda_wait_on_legacy_stream(device.index or 0, stream, api)
     return _new_capsule(t, storage, device, versioned, copied)
+
+
+# What to do instead of a legacy export of a read-only tensor, by the library that asked for it
+# (the top-level package of the first caller outside tensorbridge): only a library whose own
+# Python code calls ``__dlpack__`` is known; NumPy's and CuPy's consumers are compiled, and look
+# like the user's own call.
+_JAX_FIX: Final = (
+    "JAX asks for one: call t.jax(), which hands JAX a copy (its arrays are immutable values)"
+)
+_LEGACY_CONSUMERS: Final = {
+    "jax": _JAX_FIX,
+    "jaxlib": _JAX_FIX,
+    "torch": (
+        "this PyTorch asks for one, and has no read-only tensors: call t.torch(force=True), "
+        "which hands PyTorch a copy"
+    ),
+}
+
+
+def _legacy_readonly_refusal(api: str) -> BufferError:
+    """The refusal of a legacy (unversioned) export of a read-only tensor, with the fix that fits
+    whoever asked: `to_dlpack` makes legacy capsules only; a consumer known by its Python frame
+    (`_LEGACY_CONSUMERS`) has its own; any other caller of ``__dlpack__`` (a compiled consumer
+    such as NumPy before 2.1, or the user) gets every way out. Error path only."""
+    if api != "__dlpack__":
+        fix = (
+            f"{api}() makes legacy capsules only: pass it t.clone() (writable), or hand the "
+            f"tensor itself to a consumer that calls __dlpack__(max_version=(1, 0))"
+        )
+    else:
+        fix = _LEGACY_CONSUMERS.get(caller_module().partition(".")[0]) or (
+            "the consumer asked for one (no max_version), so it predates DLPack 1.0: for NumPy "
+            "call t.numpy() (read-only, zero-copy) or np.from_dlpack(t) with NumPy 2.1 or later; "
+            "for JAX t.jax(); else export a writable copy (t.clone(), or __dlpack__(copy=True)), "
+            "or call __dlpack__(max_version=(1, 0)) yourself"
+        )
+    msg = (
+        f"{api}(): cannot export a read-only tensor as an unversioned 'dltensor' capsule, since "
+        f"signalling readonly is unsupported by DLPack before version 1.0; {fix}."
+    )
+    return BufferError(msg)
 
 
 def has_negative_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

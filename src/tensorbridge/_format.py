@@ -181,6 +181,14 @@ def printoptions(
 ) -> Iterator[None]:
     """Context manager: `set_printoptions` on entry, every option restored on exit.
 
+    Args:
+        precision: digits after the decimal point, as in `set_printoptions`.
+        threshold: elements above which a tensor is summarised, as in `set_printoptions`.
+        edgeitems: rows shown at each end when summarised, as in `set_printoptions`.
+        linewidth: characters per line, as in `set_printoptions`.
+        profile: ``"default"``, ``"short"`` or ``"full"``, as in `set_printoptions`.
+        sci_mode: scientific notation on, off, or chosen per tensor, as in `set_printoptions`.
+
     Example:
         >>> import tensorbridge as tb
         >>> with tb.printoptions(precision=2):

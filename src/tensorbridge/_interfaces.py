@@ -45,7 +45,7 @@ from ._arrow_export import KEY_NAME as _KEY_NAME
 from ._arrow_export import read_metadata as _read_metadata
 from ._device import CPU, Device
 from ._dtype import BY_ARROW_FORMAT, BY_TYPESTR, BYTE_ORDER_CHAR, DType
-from ._errors import short_repr
+from ._errors import ValuesRefused, short_repr
 from ._storage import Refusal, hold_buffer, refusal_of, refused, wrap
 from ._tensor import Tensor, _construct, _from_bytes
 
@@ -633,7 +633,7 @@ def _check_nulls(array: ArrowArray, api: str) -> None:
             f"{api}(): the Arrow array has {count} nulls; tensors have no validity bitmap. "
             f"Fill them first (pyarrow.compute.fill_null) or drop them (arr.drop_null())."
         )
-        raise BufferError(msg)
+        raise ValuesRefused(msg)
 
 
 def _check_arrow_array(array: ArrowArray, kind: _ArrowType, api: str) -> ArrowArray:

@@ -115,7 +115,11 @@ class Tensor(TensorFields):
         return self._shape
 
     def size(self, dim: int | None = None) -> Any:
-        """The shape, or the size of dimension ``dim``."""
+        """The shape, or the size of dimension ``dim``.
+
+        Args:
+            dim: a dimension (negative counts from the end); None for the whole shape.
+        """
         if dim is None:
             return self._shape
         return self._shape[_layout.normalize_dim(dim, self.ndim, "size", scalar_ok=False)]
@@ -158,7 +162,11 @@ class Tensor(TensorFields):
         return self.numel() * self._dtype.itemsize
 
     def stride(self, dim: int | None = None) -> Any:
-        """Strides in elements, or the stride of dimension ``dim``."""
+        """Strides in elements, or the stride of dimension ``dim``.
+
+        Args:
+            dim: a dimension (negative counts from the end); None for every stride.
+        """
         if dim is None:
             return self._strides
         return self._strides[_layout.normalize_dim(dim, self.ndim, "stride", scalar_ok=False)]
@@ -200,7 +208,11 @@ class Tensor(TensorFields):
         self._set_requires_grad(value, "requires_grad", GRAD_MSG)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        """Set ``requires_grad`` in place; only floating and complex tensors may require gradients."""
+        """Set ``requires_grad`` in place; only floating and complex tensors may require gradients.
+
+        Args:
+            requires_grad: the new flag (True by default, as in PyTorch).
+        """
         return self._set_requires_grad(requires_grad, "requires_grad_", GRAD_MSG_METHOD)
 
     def _set_requires_grad(self, requires_grad: bool, api: str, torch_text: str) -> Tensor:
@@ -277,7 +289,12 @@ class Tensor(TensorFields):
         return self._view(self._offset, new_shape, strides)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        """Merge dims ``start_dim..end_dim`` into one (a view when possible)."""
+        """Merge dims ``start_dim..end_dim`` into one (a view when possible).
+
+        Args:
+            start_dim: the first dimension merged.
+            end_dim: the last dimension merged (inclusive; -1 is the last one).
+        """
         # Both dims are range-checked first, for a 0-d tensor too ([-1, 0]), as in PyTorch.
         s = _layout.normalize_dim(start_dim, self.ndim, "flatten")
         e = _layout.normalize_dim(end_dim, self.ndim, "flatten")
@@ -359,7 +376,12 @@ class Tensor(TensorFields):
         return self.transpose(-2, -1)
 
     def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
-        """Remove size-1 dimensions (all of them, or those named in ``dim``)."""
+        """Remove size-1 dimensions (all of them, or those named in ``dim``).
+
+        Args:
+            dim: a dimension or a sequence of them; a named dimension whose size is not 1 stays.
+                None removes every size-1 dimension.
+        """
         if dim is None:
             keep = [i for i, s in enumerate(self._shape) if s != 1]
         else:
@@ -433,7 +455,11 @@ class Tensor(TensorFields):
         return self.expand(other.shape)
 
     def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
-        """Views of each slice along ``dim``."""
+        """Views of each slice along ``dim``.
+
+        Args:
+            dim: the dimension removed (each result is one index along it).
+        """
         d = _layout.normalize_dim(dim, self.ndim, "unbind", scalar_ok=False)
         shape = self._shape[:d] + self._shape[d + 1 :]
         strides = self._strides[:d] + self._strides[d + 1 :]
@@ -445,7 +471,14 @@ class Tensor(TensorFields):
     def as_strided(
         self, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
     ) -> Tensor:
-        """A view with an explicit layout, checked to lie inside the storage (PyTorch does not check)."""
+        """A view with an explicit layout, checked to lie inside the storage (PyTorch does not check).
+
+        Args:
+            size: the view's shape.
+            stride: its strides, in elements.
+            storage_offset: the offset of its first element in the storage, in elements; None
+                keeps this tensor's own.
+        """
         shape = _layout.as_shape((size,), "as_strided")
         strides = tuple(_layout_args((stride,), "as_strided"))
         if len(strides) != len(shape):
@@ -739,7 +772,12 @@ class Tensor(TensorFields):
         return self
 
     def copy_(self, src: Any, non_blocking: bool = False) -> Tensor:
-        """Copy ``src`` (broadcast to this shape, converted to this dtype) into this tensor's memory."""
+        """Copy ``src`` (broadcast to this shape, converted to this dtype) into this tensor's memory.
+
+        Args:
+            src: a tensor or anything `tensorbridge.tensor` takes.
+            non_blocking: accepted for PyTorch's signature; host copies are always synchronous.
+        """
         self._check_writable("copy_")
         source = _as_source(src, self._dtype, "copy_")
         _check_copy_shapes(self._shape, source._shape)
@@ -820,13 +858,28 @@ class Tensor(TensorFields):
         )
 
     def type(self, dtype: DType | None = None) -> Any:
-        """The dtype name like PyTorch's ``'tensorbridge.FloatTensor'`` is not kept; returns `to(dtype)`."""
+        """The dtype's name without ``dtype``; with it, `to(dtype)` (PyTorch's ``type``).
+
+        Args:
+            dtype: the dtype to convert to; None returns the name (``'tensorbridge.float32'``,
+                not PyTorch's ``'torch.FloatTensor'``).
+        """
         if dtype is None:
             return repr(self._dtype)
         return self.to(dtype)
 
     def numpy(self, *, force: bool = False) -> Any:
-        """A NumPy array sharing this tensor's memory (needs NumPy)."""
+        """A NumPy array sharing this tensor's memory (needs NumPy), as ``torch.Tensor.numpy``.
+
+        The array keeps this tensor's memory alive; a read-only tensor gives a read-only array.
+        bfloat16, complex32 and the float8 types become ml_dtypes arrays (needs ml_dtypes).
+
+        Args:
+            force: convert a tensor that requires grad too (PyTorch's meaning: as if detached).
+                Without it such a tensor is refused with PyTorch's `RuntimeError`. The memory is
+                shared either way: NumPy represents every host layout tensorbridge has, so
+                ``force`` never makes a copy here (PyTorch's may copy, for other devices).
+        """
         return _peers.to_numpy(self, force=force)
 
     # ------------------------------------------------------------------ comparisons
@@ -920,8 +973,10 @@ class Tensor(TensorFields):
     def torch(self, *, force: bool = False) -> Any:
         """A ``torch.Tensor`` sharing this memory, keeping ``requires_grad`` (needs PyTorch).
 
-        Read-only and negative-stride tensors are refused (PyTorch has no read-only tensors and aborts on
-        negative strides) unless ``force=True``, which hands PyTorch a copy.
+        Args:
+            force: hand PyTorch a copy where it cannot share this memory: read-only tensors
+                (PyTorch has none, and would write through) and negative strides (PyTorch aborts
+                on them). Without it those are a `BufferError`; other tensors are shared either way.
         """
         return _peers.to_torch(self, force=force)
 

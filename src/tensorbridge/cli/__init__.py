@@ -64,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         "dtypes, checks, peers, broken, ok and elapsed_s",
     )
     doctor.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="after the summary, print everything proved: the exchange matrices with their "
+        "legend, the dtype coverage, each peer, their own defects and the safety checks",
+    )
+    doctor.add_argument(
         "--progress",
         action="store_true",
         help="show progress on stderr even when it is not a terminal",
@@ -104,7 +111,11 @@ def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     )
     report = doctor.run(options)
     status = 0 if report.ok else 1
-    text = json.dumps(report.to_json(), indent=2) + "\n" if args.json else render.render(report)
+    if args.json:
+        text = json.dumps(report.to_json(), indent=2) + "\n"
+    else:
+        ascii_only = not render.can_print_marks(sys.stdout)
+        text = render.render(report, verbose=args.verbose, ascii_only=ascii_only)
     _emit(text)  # a closed output keeps the verdict: the status does not depend on the reader
     return status
 

@@ -6,17 +6,19 @@ none until it needs it), then proves every exchange cell by running it:
 * **exchange matrix** -- every producer (the standard library's buffer exporters, a safetensors
   and an ``.npy`` file the doctor writes and tensorbridge loads, each array library, tensorbridge)
   against every consumer, once *through tensorbridge* (producer -> tensorbridge -> consumer)
-  and once *directly* where the two sides share a protocol. A cell is
-  ``shared`` when a write through the producer is seen through the consumer (or, when neither side
-  may be written, when both report the same address), ``copied`` when the values arrive but the
-  memory is not shared, ``refused`` when a side raises (the reason is kept), and ``broken`` when
-  tensorbridge breaks a guarantee.
+  and once *directly* where the two sides share a protocol. A cell is ``shared`` when a write
+  through the producer is seen through the consumer (or, when the doctor cannot write through the
+  producer, when both report the same address: ``proof`` says which), ``copied`` when the values
+  arrive but the memory is not shared, ``refused`` when a side raises (the reason is kept), and
+  ``broken`` when tensorbridge breaks a guarantee.
 * **dtype coverage** -- for each producer/consumer pair through tensorbridge, every dtype.
 * **safety checks** -- read-only propagation, capsule reuse, deleters called exactly once (counted
   on capsules crafted with ctypes), buffer exports held while a view lives, overflow-checked sizes.
 
-The exit status is 1 only when tensorbridge breaks one of its own guarantees; a peer's limitation
-is reported, never failed. ``--json`` prints one object with the keys ``doctor`` (format version),
+The text report opens with a summary (`render.summary`, one screen: the build, the verdict, one
+line per peer, what to install); ``--verbose`` adds everything above after it. The exit status is
+1 only when tensorbridge breaks one of its own guarantees; a peer's limitation is reported, never
+failed. ``--json`` prints one object with the keys ``doctor`` (format version),
 ``tensorbridge``, ``python``, ``implementation``, ``platform``, ``machine``, ``libraries``
 (`Library`), ``devices``, ``matrix`` and ``dtypes`` (`Cell`), ``checks`` (`Check`), ``peers`` (each
 peer proved or failed, cell by cell, with its own defects: `peer_summary`), ``broken`` (one line

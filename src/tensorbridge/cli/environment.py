@@ -8,7 +8,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["Library", "find_libraries"]
+__all__ = ["Library", "find_libraries", "install_spec"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,25 @@ _SPECS: Final = (
     _Spec("ray", "Ray", "ray", ("ray",)),
     _Spec("dask", "Dask distributed", "distributed", ("distributed",)),
 )
+
+
+# What ``pip install`` takes for a library, where it is not the first distribution name: PyTorch
+# at the version tensorbridge's PyTorch behaviour is pinned to (compat.md, the test extra).
+_INSTALL: Final = {"torch": "torch==2.13.0"}
+
+
+def install_spec(key: str) -> str:
+    """The ``pip install`` argument for library ``key`` (``"torch==2.13.0"``, ``"warp-lang"``).
+
+    Raises:
+        KeyError: a key the doctor does not know.
+    """
+    if key in _INSTALL:
+        return _INSTALL[key]
+    spec = next((s for s in _SPECS if s.key == key), None)
+    if spec is None:
+        raise KeyError(key)
+    return spec.dists[0]
 
 
 @dataclass

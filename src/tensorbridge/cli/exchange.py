@@ -17,7 +17,17 @@ from .errors import Unavailable, one_line, raised_in_tensorbridge, warning_text
 from .files import FileSide
 from .sides import ALIGN, Side, Stdlib, TensorbridgeSide, handoff, is_buffer, pattern
 
-__all__ = ["BROKEN", "COPIED", "CRASHED", "NONE", "REFUSED", "SHARED", "Cell", "Exchange"]
+__all__ = [
+    "BROKEN",
+    "COPIED",
+    "CRASHED",
+    "NONE",
+    "REFUSED",
+    "SHARED",
+    "Cell",
+    "Exchange",
+    "writable_sides",
+]
 
 SHARED, COPIED, REFUSED, BROKEN, NONE = "shared", "copied", "refused", "broken", "n/a"
 CRASHED = "crashed"  # the peer's process died during the exchange (`families`)
@@ -405,22 +415,47 @@ class Exchange:
             if isinstance(p, (Stdlib, FileSide)):  # the buffer protocol or the map said so
                 self._break(cell, f"tensorbridge made a writable tensor over read-only {p.key}")
             else:
-                cell.notes.append(
-                    f"{p.key} exports without READ_ONLY: tensorbridge's view is writable"
-                )
+                cell.notes.append(_EXPORTS_WRITABLE.format(p=p.key))
         elif not c.has_readonly:
-            note = f"{c.key} has no read-only arrays: it can write into read-only {p.key} memory"
-            cell.notes.append(note)
+            cell.notes.append(_NO_READONLY.format(c=c.key, p=p.key))
         elif c.readonly(flow.y) is False and t is not None:
             call = cell.calls.rpartition(" -> ")[2]
             if _marked_readonly(t, call):  # tensorbridge said read-only; the consumer ignored it
-                cell.notes.append(f"{call} ignores the read-only mark: its view is writable")
+                cell.notes.append(_IGNORES_MARK.format(c=c.key, call=call))
             else:
                 self._break(
                     cell, f"{call} got a writable view of a read-only tensor: READ_ONLY lost"
                 )
         elif c.readonly(flow.y) is False:
-            cell.notes.append(f"{c.key} can write to read-only {p.key} memory")
+            cell.notes.append(_CAN_WRITE.format(c=c.key, p=p.key))
+
+
+# The notes `Exchange._check_readonly` leaves where read-only memory ends up writable on one side
+# (that side's doing, not a broken guarantee). Each begins with the key of that side, and
+# `writable_sides` reads them back for the doctor's summary.
+_EXPORTS_WRITABLE: Final = (
+    "{p}'s arrays are read-only, but it exports them without a read-only mark: tensorbridge's "
+    "view of them is writable (the doctor did not write through it)"
+)
+_NO_READONLY: Final = "{c} has no read-only arrays: it can write into read-only {p} memory"
+_IGNORES_MARK: Final = "{c} ignores the read-only mark ({call}): its view is writable"
+_CAN_WRITE: Final = "{c} can write to read-only {p} memory"
+_WRITABLE_MARKS: Final = (
+    "tensorbridge's view of them is writable",
+    "it can write into read-only",
+    "its view is writable",
+    "can write to read-only",
+)
+
+
+def writable_sides(cell: Cell) -> set[str]:
+    """The sides of ``cell`` whose view of read-only memory was writable (read from its notes)."""
+    return {
+        key
+        for note in cell.notes
+        for key in (cell.producer, cell.consumer)
+        if note.startswith((f"{key} ", f"{key}'s ")) and any(m in note for m in _WRITABLE_MARKS)
+    }
 
 
 def _refusal_note(cell: Cell) -> str:
