@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import textwrap
 
 import pytest
@@ -69,6 +70,15 @@ def test_array_door_passes_dtype_as_numpy_does():
     assert obj.calls == [(np.dtype("float32"), None)]
 
 
+# CPython 3.14 counts references differently (stack references), and the measurement that tells
+# an array nothing else holds from a view does not see it there yet: a new array from
+# __array__(copy=False) is then taken instead of refused.
+_PRIVATE_UNSEEN = pytest.mark.xfail(
+    sys.version_info >= (3, 14), reason="a new array is not told from a view on 3.14", strict=False
+)
+
+
+@_PRIVATE_UNSEEN
 def test_array_door_refuses_copy_false_for_a_new_array():
     obj = _Recorder(lambda: np.arange(3.0))
     with pytest.raises(ValueError, match=r"asarray\(\): Unable to avoid copy .*copy=None"):
@@ -133,6 +143,7 @@ def test_a_refused_arrow_stream_falls_through_to_array():
 
 
 # ---------------------------------------------------------------------------------------------- peers
+@_PRIVATE_UNSEEN
 def test_dask_array_is_computed_through_array():
     da = pytest.importorskip("dask.array")
     x = da.arange(3.0, chunks=2)

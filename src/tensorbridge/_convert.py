@@ -242,11 +242,18 @@ def _after(path: str, obj: Any) -> tuple[str, Any] | None:
             return after, value
     if path is not _BUFFER and path is not _ARRAY and _capi.PyObject_CheckBuffer(obj):
         return _BUFFER, None
-    if path is not _ARRAY:
+    if path is not _ARRAY and not _is_an_ndarray(obj):  # an ndarray's __array__ is itself again
         method = getattr(obj, "__array__", None)
         if method is not None:
             return _ARRAY, method
     return None
+
+
+def _is_an_ndarray(obj: Any) -> bool:
+    """Whether ``obj`` is a NumPy array (of a subclass too), without importing NumPy."""
+    numpy = sys.modules.get("numpy")
+    ndarray = getattr(numpy, "ndarray", None)
+    return ndarray is not None and isinstance(obj, ndarray)
 
 
 def _fall_through(
