@@ -665,11 +665,23 @@ def to_numpy(dtype: DType) -> Any:
 
     if dtype.typestr is not None:
         return numpy.dtype(dtype.typestr)
-    api = f"numpy.dtype({dtype!r})"
-    if dtype.ml_dtypes is None:
+    return numpy.dtype(ml_dtypes_type(dtype, f"numpy.dtype({dtype!r})", "tensorbridge.uint{bits}"))
+
+
+def ml_dtypes_type(dtype: DType, api: str, raw: str) -> Any:
+    """The ml_dtypes scalar type NumPy knows ``dtype`` by (bfloat16, complex32, float8, ...).
+
+    ``api`` names the call in the refusal, and ``raw`` (formatted with ``bits``) is how to view
+    the raw bits instead.
+
+    Raises:
+        TypeError: NumPy has no such dtype: ml_dtypes is missing, too old, or (float4_e2m1fn_x2,
+            two values in one byte) none exists.
+    """
+    if dtype.ml_dtypes is None or dtype.raw_typestr is None:
         msg = (
             f"{api}: NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw "
-            f"bytes with tensorbridge.uint8."
+            f"bytes with {raw.format(bits=8)}."
         )
         raise TypeError(msg)
     try:
@@ -679,7 +691,7 @@ def to_numpy(dtype: DType) -> Any:
     except ImportError:
         msg = (
             f"{api}: NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes), "
-            f"which gives it one, or view the raw bits with tensorbridge.uint{dtype.bits}."
+            f"which gives it one, or view the raw bits with {raw.format(bits=dtype.bits)}."
         )
         raise TypeError(msg) from None
     ml_type = getattr(ml_dtypes, dtype.ml_dtypes, None)
@@ -688,7 +700,7 @@ def to_numpy(dtype: DType) -> Any:
         msg = (
             f"{api}: NumPy has no {dtype.name} dtype, and the installed ml_dtypes {version} has "
             f"none either; upgrade ml_dtypes (pip install -U ml_dtypes), or view the raw bits "
-            f"with tensorbridge.uint{dtype.bits}."
+            f"with {raw.format(bits=dtype.bits)}."
         )
         raise TypeError(msg)
-    return numpy.dtype(ml_type)
+    return ml_type

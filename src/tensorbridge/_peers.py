@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from . import _dlpack_export
+from ._dtype import ml_dtypes_type
 from ._interface_export import EMPTY_DATA, interface_dict
 
 if TYPE_CHECKING:
@@ -68,32 +69,8 @@ def to_numpy(t: Tensor, *, force: bool = False, api: str = "numpy") -> Any:
     dtype = t.dtype
     if dtype.typestr is not None:
         return np.asarray(_NumPyExport(t, dtype.typestr))
-    if dtype.ml_dtypes is None or dtype.raw_typestr is None:
-        msg = (
-            f"{api}(): NumPy has no dtype for {dtype} (two 4-bit values per byte); view the raw bytes "
-            f"with t.view(tensorbridge.uint8).numpy()."
-        )
-        raise TypeError(msg)
-    try:
-        # Not an import statement: compiled, that returns the None with which sys.modules blocks
-        # a module, where the import system raises ImportError (as it does for the source).
-        ml_dtypes = importlib.import_module("ml_dtypes")
-    except ImportError:
-        msg = (
-            f"{api}(): NumPy has no {dtype.name} dtype; install ml_dtypes (pip install ml_dtypes) to "
-            f"convert it, or view the raw bits with t.view(tensorbridge.uint{dtype.bits}).numpy()."
-        )
-        raise TypeError(msg) from None
-    ml_type = getattr(ml_dtypes, dtype.ml_dtypes, None)
-    if ml_type is None:  # older ml_dtypes lack the newer types (0.5 has no complex32)
-        version = getattr(ml_dtypes, "__version__", "?")
-        msg = (
-            f"{api}(): NumPy has no {dtype.name} dtype, and the installed ml_dtypes {version} has "
-            f"none either; upgrade ml_dtypes (pip install -U ml_dtypes), or view the raw bits with "
-            f"t.view(tensorbridge.uint{dtype.bits}).numpy()."
-        )
-        raise TypeError(msg)
-    raw = np.asarray(_NumPyExport(t, dtype.raw_typestr))
+    ml_type = ml_dtypes_type(dtype, f"{api}()", "t.view(tensorbridge.uint{bits}).numpy()")
+    raw = np.asarray(_NumPyExport(t, dtype.raw_typestr or ""))  # ml_dtypes_type refused None
     return raw.view(ml_type)
 
 

@@ -54,7 +54,7 @@ _SPECS: Final = (
 
 
 # What ``pip install`` takes for a library, where it is not the first distribution name: PyTorch
-# at the version tensorbridge's PyTorch behaviour is pinned to (compat.md, the test extra).
+# at the version tensorbridge's PyTorch behaviour is pinned to (the test extra pins it).
 _INSTALL: Final = {"torch": "torch==2.13.0"}
 
 
