@@ -20,6 +20,7 @@ import weakref
 from typing import Any
 
 import pytest
+from tests.conftest import needs_mortal_classes
 from tests.soak import crafted
 
 import tensorbridge as tb
@@ -636,6 +637,7 @@ def test_a_shared_memory_name_is_unlinked_only_by_its_maker_or_a_proved_receiver
 
 
 @crafted.isolated
+@needs_mortal_classes
 def test_per_type_tables_keep_no_type_alive() -> None:
     """A producer class made on the fly and passed to from_dlpack and asarray dies with its last
     instance: no table of tensorbridge's keeps it (or what its methods reach) alive."""

@@ -12,6 +12,7 @@ import gc
 import weakref
 
 import pytest
+from tests.conftest import needs_mortal_classes
 
 import tensorbridge as tb
 from tensorbridge import _cache, _convert, _dlpack, _dlpack_c
@@ -40,6 +41,7 @@ def _resizable(buf: bytearray) -> bool:
     return True
 
 
+@needs_mortal_classes
 @pytest.mark.parametrize("door", ["from_dlpack", "asarray", "utils.dlpack.from_dlpack"])
 def test_a_producer_class_made_on_the_fly_is_not_kept(door):
     convert = {
@@ -59,6 +61,7 @@ def test_a_producer_class_made_on_the_fly_is_not_kept(door):
     assert locked == 0
 
 
+@needs_mortal_classes
 def test_each_table_forgets_a_dead_type_and_keeps_a_live_one():
     """The entry goes with its type; one for a type still alive stays (the decision is reused)."""
     buf = bytearray(4)
@@ -75,6 +78,7 @@ def test_each_table_forgets_a_dead_type_and_keeps_a_live_one():
         assert key not in table.watches
 
 
+@needs_mortal_classes
 def test_a_table_emptied_when_full_still_forgets_its_types():
     """Emptying drops the watches too; a type remembered again after that is watched again."""
     table: _cache.TypeTable[int] = _cache.TypeTable()
@@ -97,3 +101,15 @@ def test_a_table_emptied_when_full_still_forgets_its_types():
 def test_seeded_builtin_types_answer_without_a_watch():
     assert _convert._PATHS_BY_TYPE.get(id(list)) == ("sequence", None)
     assert id(list) not in _convert._PATHS_BY_TYPE.watches
+
+
+def test_seeds_survive_a_table_emptied_when_full():
+    """A table filled by live types is emptied; its seeded built-ins stay, unwatched."""
+    table: _cache.TypeTable[str] = _cache.TypeTable({list: "seeded", tuple: "seeded"})
+    keep = [type(f"T{i}", (), {}) for i in range(_cache.REMEMBER_MAX + 1)]
+    for cls in keep:
+        _cache.remember_type(table, cls, "learnt")
+    assert table[id(list)] == table[id(tuple)] == "seeded"
+    assert len(table) == 3 and set(table.watches) == {id(keep[-1])}
+    table.clear()
+    assert dict(table) == {id(list): "seeded", id(tuple): "seeded"} and table.watches == {}

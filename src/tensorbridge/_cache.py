@@ -41,11 +41,13 @@ class TypeTable(dict[int, _V], Generic[_V]):
     removed by its weak reference's callback, which runs before the type's memory is freed.
     """
 
-    __slots__ = ("watches",)
+    __slots__ = ("seeds", "watches")
 
     def __init__(self, seed: dict[type, _V] | None = None) -> None:
-        """A table; ``seed`` holds types that live as long as the interpreter (built-ins)."""
-        super().__init__((id(cls), value) for cls, value in (seed or {}).items())
+        """A table; ``seed`` holds types that live as long as the interpreter (built-ins), whose
+        entries need no watch and survive every `clear`."""
+        self.seeds: dict[int, _V] = {id(cls): value for cls, value in (seed or {}).items()}
+        super().__init__(self.seeds)
         self.watches: dict[int, weakref.ref[type]] = {}
 
     def forget(self, key: int, watch: weakref.ref[type]) -> None:
@@ -55,14 +57,16 @@ class TypeTable(dict[int, _V], Generic[_V]):
             self.pop(key, None)
 
     def clear(self) -> None:
-        """Empty the table, and its watches with it (a dropped watch never calls back)."""
+        """Empty the table of all but its seeds, and its watches with it (a dropped watch never
+        calls back)."""
         super().clear()
         self.watches.clear()
+        self.update(self.seeds)
 
 
 def remember_type(table: TypeTable[_V], cls: type, value: _V) -> _V:
     """Store ``value`` for ``cls`` in a bounded `TypeTable` (emptied when full) and return it."""
-    if len(table) >= REMEMBER_MAX:
+    if len(table) >= REMEMBER_MAX + len(table.seeds):
         table.clear()
     key = id(cls)
     table.watches[key] = weakref.ref(cls, functools.partial(table.forget, key))
