@@ -135,10 +135,9 @@ class Device:
     are accepted. PyTorch's names ``mps``, ``xpu`` and ``hip`` map to the DLPack device types
     Metal, oneAPI and ROCm.
 
-    Args:
-        type: a device type (``"cpu"``, ``"cuda"``, ...), a ``"type:index"`` string, or a `Device`.
-        index: the device's index (``tb.device("cuda", 1)``); None for the default or for a
-            string that names it.
+    ``type`` is a device type (``"cpu"``, ``"cuda"``, ...), a ``"type:index"`` string, or a
+    `Device`; ``index`` is the device's index (``tb.device("cuda", 1)``), None for the default or
+    for a string that names it.
     """
 
     __slots__ = ("_dlpack", "_index", "_type")
