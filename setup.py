@@ -27,6 +27,8 @@ import platform
 import re
 import shutil
 import sys
+import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -39,21 +41,34 @@ SOURCE = Path("src") / PACKAGE
 RECORD = "_build_record.json"
 DISABLE_VARIABLE = "TENSORBRIDGE_NO_EXTENSIONS"
 
-# The compiled modules: every private module of the package, less these (each decided by running
-# the whole test suite against the compiled install):
-#   __init__        routes imports to the .py files when TENSORBRIDGE_NO_EXTENSIONS is set at
-#                   import time, so it runs before any compiled module loads;
-#   __main__        runs once: nothing to gain;
-#   _build          imported by __init__ before that routing; it reports on the others;
-#   _native_py      the native layer's pure-Python twin: the compiled build runs `_native_c`.
-# cli/, utils/, testing.py and safetensors.py stay pure Python (not on any per-call path).
-NOT_COMPILED = {
-    "__init__",
-    "__main__",
-    "_build",
-    "_native_py",
-}
-COMPILED = sorted(p.stem for p in SOURCE.glob("_*.py") if p.stem not in NOT_COMPILED)
+# The compiled modules: those on the per-call paths (`from_dlpack`, `asarray`, `frombuffer`,
+# `__dlpack__`, `to_dlpack`, a tensor's construction and death), where compiling pays; every other
+# module ships as Python. Measured with callgrind (instructions per call, every module compiled
+# against these only; docs/guide/compiled.md): the other modules saved nothing measurable on those
+# calls while costing about two thirds of the C compiler's time. A module with a `.pxd` must be here
+# together with every module its `.pxd` cimports. Never compiled: `__init__` and `_build` (they
+# route imports to the .py files when TENSORBRIDGE_NO_EXTENSIONS is set, before any compiled module
+# loads) and `_native_py` (the native layer's pure-Python twin).
+COMPILED = sorted(
+    {
+        "_args",
+        "_buffer",
+        "_cache",
+        "_convert",
+        "_device",
+        "_dlpack",
+        "_dlpack_c",
+        "_dlpack_export",
+        "_dtype",
+        "_errors",
+        "_exports",
+        "_fields",
+        "_layout",
+        "_native",
+        "_storage",
+        "_tensor",
+    }
+)
 # The native layer's compiled twin, `_native_c.pyx` (`_native` chooses it over `_native_py`): the
 # only module that exists only compiled. It declares DLPack's structs from include/dlpack/dlpack.h.
 # Every other compiled module is built over it, so none ships compiled without it (the pure twin
@@ -102,6 +117,10 @@ DIRECTIVES = {
     "nonecheck": True,
     "freethreading_compatible": True,
 }
+# C compiler flags after the interpreter's own (the later flag wins), for gcc and clang: no
+# debugging information (Python's flags ask for it; it was a fifth of the compiler's time) and -O2
+# (a third less compile time than -O3, the same instructions per call on the hot paths).
+UNIX_FLAGS = ["-g0", "-O2"]
 # Per-module additions to DIRECTIVES (none needed so far).
 MODULE_DIRECTIVES: dict[str, dict[str, object]] = {}
 
@@ -190,9 +209,16 @@ class BuildExt(build_ext):
                 reason = _unsupported_cython(Cython.__version__)
             if reason is None:
                 cython_version = Cython.__version__
+                self.progress = _Progress(len(self.extensions), _cores())
+                self.progress.say(
+                    f"compiling {len(self.extensions)} modules with Cython on "
+                    f"{self.progress.cores} cores ({DISABLE_VARIABLE}=1 installs pure Python instead)"
+                )
                 self.extensions = self._cythonize(cythonize)
-                if self.parallel is None:  # compile the modules on every core
-                    self.parallel = os.cpu_count() or 1
+                # The largest first, on every core: the last to finish is a small one.
+                self.extensions.sort(key=lambda e: -Path(e.sources[0]).stat().st_size)
+                if self.parallel is None:
+                    self.parallel = self.progress.cores
         if reason is not None:
             self.extensions = []
             if self.editable_mode:
@@ -236,6 +262,8 @@ class BuildExt(build_ext):
         return translated
 
     def build_extension(self, ext: Extension) -> None:
+        if self.compiler.compiler_type == "unix":  # gcc or clang (MSVC takes other flags)
+            ext.extra_compile_args = [*ext.extra_compile_args, *UNIX_FLAGS]
         try:
             super().build_extension(ext)
         except Exception as exc:  # a compiler error in one module: ship it as .py
@@ -243,6 +271,9 @@ class BuildExt(build_ext):
             _warn(f"{ext.name} is shipped uncompiled: the C compiler failed: {_one_line(exc)}")
             output = Path(self.get_ext_fullpath(ext.name))
             output.unlink(missing_ok=True)
+        progress = getattr(self, "progress", None)
+        if progress is not None:
+            progress.done_one(ext.name.rpartition(".")[2])
 
     def _drop_dependents(self) -> None:
         """Ship as .py every compiled module that cimports one shipped as .py (transitively)."""
@@ -287,6 +318,53 @@ class BuildExt(build_ext):
     def get_outputs(self) -> list[str]:
         failed = {f"{PACKAGE}.{name}" for name in getattr(self, "failed", {})}
         return [self.get_ext_fullpath(e.name) for e in self.extensions if e.name not in failed]
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's share, where the OS says it)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class _Progress:
+    """The compiled build's progress, where the user sees it. pip shows a build's own output only
+    with ``-v`` or on failure, so each line also goes to the terminal pip runs in, when there is
+    one (``/dev/tty``); with no terminal (CI, a redirected pip) the lines go to stderr only."""
+
+    def __init__(self, total: int, cores: int) -> None:
+        self.total = total
+        self.cores = cores
+        self.done = 0
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+        self.tty = None
+        if not sys.stderr.isatty():  # a terminal of its own would show stderr already
+            try:
+                self.tty = open("/dev/tty", "w", encoding="utf-8")  # noqa: SIM115 (kept open)
+                self.tty.write("\n")  # off the line of pip's "Building wheel ... -"
+            except OSError:  # no controlling terminal, or not a POSIX system
+                self.tty = None
+
+    def say(self, text: str) -> None:
+        """One line, to stderr and to the terminal (each on a line of its own there: pip's spinner
+        writes at the end of the line the cursor is on)."""
+        line = f"tensorbridge: {text}"
+        with self.lock:
+            print(line, file=sys.stderr, flush=True)
+            if self.tty is not None:
+                try:
+                    self.tty.write(f"\r{line}\x1b[K\n")
+                    self.tty.flush()
+                except OSError:
+                    self.tty = None
+
+    def done_one(self, name: str) -> None:
+        with self.lock:
+            self.done += 1
+            done = self.done
+        self.say(f"compiled {done}/{self.total}: {name} ({time.monotonic() - self.start:.0f} s)")
 
 
 def _write_record(build_lib: str, record: dict[str, object]) -> None:

@@ -13,9 +13,9 @@ import sys
 from collections.abc import Iterator
 
 if __package__:
-    from ._harness import Case, Context, MiB, script_main
+    from ._harness import Case, Context, MiB, Target, script_main
 else:  # run as a file: python benchmarks/bench_buffer.py
-    from _harness import Case, Context, MiB, script_main
+    from _harness import Case, Context, MiB, Target, script_main
 
 
 def _frombuffer(ctx: Context, size: int) -> Iterator[Case]:
@@ -31,7 +31,7 @@ def _frombuffer(ctx: Context, size: int) -> Iterator[Case]:
                 kind,
                 needs=("torch",),
                 x=b,
-                target=2.0 if kind == "bytearray" else None,
+                target=Target(1.0, 2.0) if kind == "bytearray" else None,
             ),
             ctx.call("np.frombuffer({x}, dtype=np.float32)", kind, needs=("numpy",), x=b),
             ctx.call(

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Iterator
 
 if __package__:
-    from ._harness import Case, Context, script_main
+    from ._harness import Case, Context, Target, script_main
 else:  # run as a file: python benchmarks/bench_dlpack.py
-    from _harness import Case, Context, script_main
+    from _harness import Case, Context, Target, script_main
 
 # ctypes-dlpack's import: a DLManagedTensorVersioned* wrapped in an object that re-exports it
 # (the label leaves out max_version=(1, 0)).
@@ -24,7 +24,7 @@ _CD = "DLPackArray(array_as_dlpack({x}, max_version=(1, 0)))"
 _CD_SHOWN = "DLPackArray(array_as_dlpack({x}))"
 
 # tensorbridge / peer ratios to aim at (reported, never asserted); pure-Python packages: 3x slower.
-_IMPORT_TARGETS = {("ndarray", "torch"): 1.5, ("torch", "torch"): 1.0}
+_IMPORT_TARGETS = {("ndarray", "torch"): Target(1.0, 1.5), ("torch", "torch"): Target(0.5, 1.0)}
 _PURE_PYTHON = 1 / 3
 
 
@@ -52,7 +52,10 @@ def _import(ctx: Context, size: int) -> Iterator[Case]:
 
 def _export(ctx: Context, size: int) -> Iterator[Case]:
     x_in = ctx.inputs(size)
-    targets = {("np", "torch"): 2.0, ("torch", "jax"): 1.0}
+    targets: dict[tuple[str, str], float | Target] = {
+        ("np", "torch"): Target(1.0, 2.0),
+        ("torch", "jax"): 1.0,
+    }
     for lib, key in (("np", "numpy"), ("torch", "torch"), ("jnp", "jax")):
         peers = [
             ctx.call(
@@ -105,7 +108,13 @@ def _capsule(ctx: Context, size: int) -> Iterator[Case]:
         "capsule: to_dlpack / __dlpack__",
         size,
         ctx.call("tb.utils.dlpack.to_dlpack({x})", "t", x=x_in.tb),
-        ctx.call("torch.utils.dlpack.to_dlpack({x})", "pt", needs=("torch",), x=x_in.torch),
+        ctx.call(
+            "torch.utils.dlpack.to_dlpack({x})",
+            "pt",
+            needs=("torch",),
+            x=x_in.torch,
+            target=Target(2.0, 4.0),
+        ),
     )
     peers = [
         ctx.call("{x}.__dlpack__(max_version=(1, 0))", kind, needs=(key,), x=getattr(x_in, attr))
