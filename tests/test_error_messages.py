@@ -329,8 +329,13 @@ def _keywords(obj: object) -> list[str]:
 
 @pytest.mark.parametrize(("name", "obj"), _public_params())
 def test_every_keyword_is_documented(name, obj):
-    """Each keyword parameter of a public callable has an entry in its docstring's Args."""
+    """Each keyword parameter of a public callable has an entry in its docstring's Args (a class's
+    own, or its constructor's: `Device` documents ``type`` and ``index`` on ``__new__``)."""
     doc = inspect.getdoc(obj) or ""
+    if isinstance(obj, type):
+        doc += "\n" + "\n".join(
+            inspect.getdoc(getattr(obj, m)) or "" for m in ("__new__", "__init__")
+        )
     missing = [k for k in _keywords(obj) if not re.search(rf"^\s+{k}( \([^)]*\))?:", doc, re.M)]
     assert not missing, f"{name}: no Args entry for {missing}"
 

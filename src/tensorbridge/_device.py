@@ -135,9 +135,6 @@ class Device:
     are accepted. PyTorch's names ``mps``, ``xpu`` and ``hip`` map to the DLPack device types
     Metal, oneAPI and ROCm.
 
-    ``type`` is a device type (``"cpu"``, ``"cuda"``, ...), a ``"type:index"`` string, or a
-    `Device`; ``index`` is the device's index (``tb.device("cuda", 1)``), None for the default or
-    for a string that names it.
     """
 
     __slots__ = ("_dlpack", "_index", "_type")
@@ -147,6 +144,14 @@ class Device:
     _dlpack: tuple[DLDeviceType, int]  # what `to_dlpack` returns, made once
 
     def __new__(cls, type: Device | str, index: int | None = None) -> Device:
+        """A device, as ``torch.device`` makes one.
+
+        Args:
+            type: a device type (``"cpu"``, ``"cuda"``, ...), a ``"type:index"`` string, or a
+                `Device`.
+            index: the device's index (``tb.device("cuda", 1)``); None for the default or for a
+                string that names it.
+        """
         if isinstance(type, Device):
             if index is not None:
                 msg = f"device(): index given twice; got {type!r} and index={index!r}. Pass one of them."
