@@ -39,16 +39,17 @@ def tensor_facts(t: tb.Tensor) -> tuple[Any, ...]:
     )
 
 
-def _forget(monkeypatch, table: str) -> None:
-    """Give `_dlpack` an empty per-type or per-address table for one test."""
+def _forget(monkeypatch, table: str, lookup: str) -> None:
+    """Give `_dlpack` an empty per-type or per-address table (and its bound lookup) for one test."""
     empty: dict = {} if table == "_DELETERS" else _cache.TypeTable()
     monkeypatch.setattr(_dlpack, table, empty)
+    monkeypatch.setattr(_dlpack, lookup, empty.get)
 
 
 @pytest.fixture
 def capsule_path(monkeypatch):
     """Make from_dlpack forget every exchange API: each producer goes through ``__dlpack__``."""
-    _forget(monkeypatch, "_PRODUCERS")
+    _forget(monkeypatch, "_PRODUCERS", "_producer_of")
     monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
     monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
 
@@ -56,7 +57,7 @@ def capsule_path(monkeypatch):
 @pytest.fixture
 def fresh_producers(monkeypatch):
     """An empty per-type cache, so that each test looks its types up again."""
-    _forget(monkeypatch, "_PRODUCERS")
+    _forget(monkeypatch, "_PRODUCERS", "_producer_of")
     monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
 
 
@@ -382,7 +383,7 @@ def test_torch_fast_path_equals_the_capsule_path(torch, monkeypatch, name):
     x = _torch_sample(torch, name)
     cases = _torch_layouts(torch, x)
     fast = {k: _outcome(lambda v=v: tb.from_dlpack(v)) for k, v in cases.items()}
-    _forget(monkeypatch, "_PRODUCERS")
+    _forget(monkeypatch, "_PRODUCERS", "_producer_of")
     monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
     monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     slow = {k: _outcome(lambda v=v: tb.from_dlpack(v)) for k, v in cases.items()}
@@ -418,7 +419,7 @@ def test_torch_deleter_runs_exactly_once(torch, fresh_producers, monkeypatch):
     """The storage calls torch's deleter once, after the last view, and never before."""
     calls = []
     real = _dlpack._deleter_function
-    _forget(monkeypatch, "_DELETERS")
+    _forget(monkeypatch, "_DELETERS", "_deleter_of")
 
     def counting(address):
         fn = real(address)
@@ -454,7 +455,7 @@ def test_torch_refusals_are_the_capsule_paths(torch, monkeypatch, case):
         warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta"
         x, y = make(), make()
     fast = _outcome(lambda: tb.from_dlpack(x))
-    _forget(monkeypatch, "_PRODUCERS")
+    _forget(monkeypatch, "_PRODUCERS", "_producer_of")
     monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
     monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     slow = _outcome(lambda: tb.from_dlpack(y))
@@ -469,7 +470,7 @@ def test_torch_negative_bit_is_resolved_either_way(torch, monkeypatch):
     x = torch.tensor([1 + 2j, 3 - 4j]).conj().imag
     assert x.is_neg()
     fast = tb.from_dlpack(x).tolist()
-    _forget(monkeypatch, "_PRODUCERS")
+    _forget(monkeypatch, "_PRODUCERS", "_producer_of")
     monkeypatch.setattr(_dlpack_c, "_EXCHANGE_APIS", _cache.TypeTable())
     monkeypatch.setattr(_dlpack_c, "exchange_api", lambda cls: None)
     assert fast == tb.from_dlpack(x).tolist() == [-2.0, 4.0]

@@ -131,6 +131,8 @@ _PATHS_BY_TYPE: Final[TypeTable[tuple[str, str | None]]] = TypeTable(
         _capi.CapsuleType: (_CAPSULE, None),
     }
 )
+# The table's ``get``, bound once: looking a method up costs each call as much as calling it.
+_known_path: Final = _PATHS_BY_TYPE.get
 
 
 def _dispatch(obj: Any) -> tuple[str, Any]:
@@ -139,7 +141,7 @@ def _dispatch(obj: Any) -> tuple[str, Any]:
     One table lookup for a type seen before (an interface property is then read once, its value
     handed on); `_probe` for the others.
     """
-    known = dict.get(_PATHS_BY_TYPE, id(type(obj)))  # compiled, one C lookup (as `_dlpack`'s)
+    known = _known_path(id(type(obj)))
     if known is not None:
         path, attribute = known
         if attribute is None:

@@ -108,6 +108,9 @@ _CapsuleType: Final = _capi.CapsuleType
 # Producer deleters are called through one ctypes function object per address (NumPy and PyTorch
 # each use one deleter for all their tensors).
 _DELETERS: dict[int, Any] = {}
+# The table's ``get``, bound once (also `_producer_of` below): looking a method up costs each call
+# as much as calling it.
+_deleter_of: Final = _DELETERS.get
 # The dtypes by DLDataType word (compiled, a C global that `_tensor` looks up as a dict directly).
 _DTYPES: Final = DTYPE_BY_WORD
 
@@ -175,9 +178,7 @@ def _from_dlpack(ext_tensor: Any) -> Tensor:
         return _alias(ext_tensor)
     immutable = False
     if cls is not _CapsuleType:
-        # `dict.get(table, key)`, here and for every per-call table: compiled, one C lookup
-        # (`table.get(key)` and a bound `get` are Python-level calls, about 250 instructions).
-        producer = dict.get(_PRODUCERS, id(cls)) or _producer(cls)
+        producer = _producer_of(id(cls)) or _producer(cls)
         if producer.exchange is not None:
             t = _exchange_import(producer, ext_tensor)
             if t is not None:
@@ -198,7 +199,7 @@ def _from_dlpack(ext_tensor: Any) -> Tensor:
     capsule_set_name(ext_tensor, used_name)
     if deleter:
         storage: Any = t._storage  # a DLPackStorage
-        storage.deleter = dict.get(_DELETERS, deleter) or _deleter_function(deleter)  # hit inline
+        storage.deleter = _deleter_of(deleter) or _deleter_function(deleter)  # cache hit inline
     return t
 
 
@@ -299,6 +300,7 @@ def _immutable(cls: type) -> bool:
 # Keyed by ``id(cls)`` and holding no type (`_cache.TypeTable`): a producer class made on the fly
 # goes when nothing else holds it.
 _PRODUCERS: TypeTable[_Producer] = TypeTable()
+_producer_of: Final = _PRODUCERS.get
 
 
 def _producer(cls: type) -> _Producer:
@@ -662,7 +664,7 @@ def _release_unowned(managed: int) -> None:
 
 def _deleter_function(address: int) -> Any:
     """The ctypes function that calls the producer's deleter at ``address`` (made once)."""
-    fn = dict.get(_DELETERS, address)
+    fn = _deleter_of(address)
     return fn if fn is not None else remember(_DELETERS, address, _native.VoidFunction(address))
 
 
@@ -851,7 +853,7 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
     if type(ext_tensor) is _CapsuleType:
         return _from_capsule_with(ext_tensor, target, copy)
     cls = type(ext_tensor)
-    producer = dict.get(_PRODUCERS, id(cls)) or _producer(cls)
+    producer = _producer_of(id(cls)) or _producer(cls)
     capsule = _request(ext_tensor, producer, target, copy)
     try:
         t = _consume(capsule, producer.immutable)
