@@ -303,7 +303,7 @@ def test_a_type_is_probed_once_and_answers_the_same():
         assert _convert._dispatch(a)[0] == "ndarray"
         t = tb.asarray(a)
         assert t.data_ptr() == a.ctypes.data and t.tolist() == [0, 1, 2]
-    assert _convert._PATHS_BY_TYPE[id(np.ndarray)] == ("ndarray", None)
+    assert _convert._PATHS_BY_TYPE[np.ndarray] == ("ndarray", None)  # a static type: its own key
     b = np.arange(4, dtype=np.uint8)
     for obj in (_Slotted(b), _Slotted(b)):
         t = tb.asarray(obj)
@@ -353,14 +353,14 @@ def test_c_types_with_the_standard_lookup_are_probed_once():
     import array
     import mmap
 
-    from tensorbridge import _capi, _convert
+    from tensorbridge import _cache, _capi, _convert
 
     assert _capi.has_generic_getattr(array.array) and _capi.has_generic_getattr(mmap.mmap)
     assert array.array.__getattribute__ is not object.__getattribute__  # a wrapper of its own
     for values in ([1.5, 2.5], [3.5]):
         t = tb.asarray(array.array("d", values))
         assert t.tolist() == values and t.dtype is tb.float64
-    assert _convert._PATHS_BY_TYPE[id(array.array)] == ("buffer", None)
+    assert _convert._PATHS_BY_TYPE[_cache.type_key(array.array)] == ("buffer", None)
 
     class Computed:
         __slots__ = ()

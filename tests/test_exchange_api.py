@@ -394,7 +394,7 @@ def test_torch_fast_path_is_taken(torch, fresh_producers, monkeypatch):
     """A plain CPU torch tensor goes through the table: one exchange call, no __dlpack__ call."""
     calls = {"exchange": 0, "dlpack": 0}
     tb.from_dlpack(torch.zeros(1))  # looks the table up
-    exchange = _dlpack._PRODUCERS[id(torch.Tensor)].exchange
+    exchange = _dlpack._PRODUCERS[_cache.type_key(torch.Tensor)].exchange
     real_from_py, real_dlpack = exchange.from_py, torch.Tensor.__dlpack__
 
     def counted_from_py(*args):
@@ -479,7 +479,7 @@ def test_torch_negative_bit_is_resolved_either_way(torch, monkeypatch):
 def test_torch_negative_bit_skips_the_table(torch, fresh_producers, monkeypatch):
     """A negative-bit view is resolved on the __dlpack__ path; the table is not called."""
     tb.from_dlpack(torch.zeros(1))
-    exchange = _dlpack._PRODUCERS[id(torch.Tensor)].exchange
+    exchange = _dlpack._PRODUCERS[_cache.type_key(torch.Tensor)].exchange
     monkeypatch.setattr(exchange, "from_py", lambda *args: pytest.fail("exchange called"))
     x = torch.tensor([1 + 2j, 3 - 4j]).conj().imag
     assert tb.from_dlpack(x).tolist() == [-2.0, 4.0]
@@ -505,7 +505,7 @@ def test_torch_export_through_the_table(torch, fresh_producers, monkeypatch):
     """t.torch() hands a managed tensor to torch's table: shared memory, released when torch is done."""
     calls = []
     tb.from_dlpack(torch.zeros(1))
-    exchange = _dlpack._PRODUCERS[id(torch.Tensor)].exchange
+    exchange = _dlpack._PRODUCERS[_cache.type_key(torch.Tensor)].exchange
     real = exchange.to_py
     monkeypatch.setattr(exchange, "to_py", lambda *args: calls.append(args) or real(*args))
     t = tb.arange(6, dtype=tb.float32).reshape(2, 3)

@@ -99,8 +99,22 @@ def test_a_table_emptied_when_full_still_forgets_its_types():
 
 
 def test_seeded_builtin_types_answer_without_a_watch():
-    assert _convert._PATHS_BY_TYPE.get(id(list)) == ("sequence", None)
-    assert id(list) not in _convert._PATHS_BY_TYPE.watches
+    assert _convert._PATHS_BY_TYPE.get(list) == ("sequence", None)
+    assert list not in _convert._PATHS_BY_TYPE.watches
+
+
+def test_a_static_type_is_its_own_key_and_a_class_its_id():
+    """A C type is never freed, so it is looked up by identity and needs no watch; a class is
+    keyed by its id and watched."""
+    np = pytest.importorskip("numpy")
+    assert _cache.type_key(np.ndarray) is np.ndarray and _cache.type_key(bytes) is bytes
+    made = type("Made", (), {})
+    assert _cache.type_key(made) == id(made)
+    table: _cache.TypeTable[str] = _cache.TypeTable()
+    _cache.remember_type(table, np.ndarray, "static")
+    _cache.remember_type(table, made, "class")
+    assert table.get(np.ndarray) == "static" and table.get(id(made)) == "class"
+    assert set(table.watches) == {id(made)}
 
 
 def test_seeds_survive_a_table_emptied_when_full():
@@ -109,7 +123,7 @@ def test_seeds_survive_a_table_emptied_when_full():
     keep = [type(f"T{i}", (), {}) for i in range(_cache.REMEMBER_MAX + 1)]
     for cls in keep:
         _cache.remember_type(table, cls, "learnt")
-    assert table[id(list)] == table[id(tuple)] == "seeded"
+    assert table[list] == table[tuple] == "seeded"
     assert len(table) == 3 and set(table.watches) == {id(keep[-1])}
     table.clear()
-    assert dict(table) == {id(list): "seeded", id(tuple): "seeded"} and table.watches == {}
+    assert dict(table) == {list: "seeded", tuple: "seeded"} and table.watches == {}

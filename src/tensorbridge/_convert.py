@@ -141,7 +141,8 @@ def _dispatch(obj: Any) -> tuple[str, Any]:
     One table lookup for a type seen before (an interface property is then read once, its value
     handed on); `_probe` for the others.
     """
-    known = _known_path(id(type(obj)))
+    cls = type(obj)
+    known = _known_path(cls) or _known_path(id(cls))  # a static type, else a class (`TypeTable`)
     if known is not None:
         path, attribute = known
         if attribute is None:

@@ -178,7 +178,7 @@ def _from_dlpack(ext_tensor: Any) -> Tensor:
         return _alias(ext_tensor)
     immutable = False
     if cls is not _CapsuleType:
-        producer = _producer_of(id(cls)) or _producer(cls)
+        producer = _producer_of(cls) or _producer_of(id(cls)) or _producer(cls)
         if producer.exchange is not None:
             t = _exchange_import(producer, ext_tensor)
             if t is not None:
@@ -853,7 +853,7 @@ def _from_dlpack_with(ext_tensor: Any, target: Device | None, copy: bool | None)
     if type(ext_tensor) is _CapsuleType:
         return _from_capsule_with(ext_tensor, target, copy)
     cls = type(ext_tensor)
-    producer = _producer_of(id(cls)) or _producer(cls)
+    producer = _producer_of(cls) or _producer_of(id(cls)) or _producer(cls)
     capsule = _request(ext_tensor, producer, target, copy)
     try:
         t = _consume(capsule, producer.immutable)
