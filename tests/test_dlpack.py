@@ -16,6 +16,7 @@ from tensorbridge import _cuda, _dlpack, _dlpack_c, _dlpack_export, _exports, _n
 from tensorbridge._dlpack_abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
+    DLPACK_MAJOR_VERSION,
     DLManagedTensor,
     DLManagedTensorVersioned,
 )
@@ -195,13 +196,24 @@ def test_both_managed_struct_readers_read_what_dlpack_h_puts_there():
     shape_p, strides_p = address + ctypes.sizeof(m), address + ctypes.sizeof(m) + 32
     expected = (2**32 - 1, 3, 0xC0DE, 0xDE1E7E, 2**64 - 1, 2**64 - 1, 13, -(2**31), -7, word)
     for read_versioned, read_dims in readers:
-        assert read_versioned(address) == (*expected, shape_p, strides_p, 2**64 - 1)
+        # Another major version: nothing behind its pointers is read.
+        assert read_versioned(address, 64) == (*expected, shape_p, strides_p, 2**64 - 1, None)
         assert read_dims(shape_p, strides_p, 3) == ((2**63 - 1, 0, 3), (-1, 5, 1))
         assert read_dims(shape_p, strides_p, 0) == ((), ())
         for outside in (0, sys.maxsize - 4, 2**64 - 8):  # 0, or past sys.maxsize
-            assert read_versioned(outside) is None
+            assert read_versioned(outside, 64) is None
             assert read_dims(outside, strides_p, 1) is None
             assert read_dims(shape_p, outside, 1) is None
+    # This major version: the shape and strides come with the struct, for 0 < ndim <= max_ndim
+    # and non-NULL pointers only (else None, and the caller judges them).
+    m.version.major, dl.ndim = DLPACK_MAJOR_VERSION, 3
+    fields = (DLPACK_MAJOR_VERSION, *expected[1:8], 3, word, shape_p, strides_p, 2**64 - 1)
+    for read_versioned, _read_dims in readers:
+        assert read_versioned(address, 64) == (*fields, ((2**63 - 1, 0, 3), (-1, 5, 1)))
+        assert read_versioned(address, 2) == (*fields, None)
+    dl.strides = None
+    for read_versioned, _read_dims in readers:
+        assert read_versioned(address, 64) == (*fields[:11], 0, fields[12], None)
     del m, dl, dims
 
 

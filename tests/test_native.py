@@ -150,8 +150,8 @@ def test_only_c_writes_destructors_that_keep_a_pending_exception(twin):
 
 @pytest.mark.parametrize("twin", TWINS, ids=_ids)
 def test_readers_leave_addresses_outside_memory_to_the_caller(twin):
-    assert twin.read_versioned(0) is None
-    assert twin.read_versioned(2**64 - 8) is None
+    assert twin.read_versioned(0, 64) is None
+    assert twin.read_versioned(2**64 - 8, 64) is None
     # a readable array beside one outside: None, whichever of the two it is
     readable = ctypes.c_int64(5)
     inside = ctypes.addressof(readable)

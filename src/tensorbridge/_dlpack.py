@@ -111,6 +111,10 @@ _DELETERS: dict[int, Any] = {}
 # The table's ``get``, bound once (also `_producer_of` below): looking a method up costs each call
 # as much as calling it.
 _deleter_of: Final = _DELETERS.get
+# The last deleter made or found, as ``(address, function)``: nearly every import has the deleter
+# of the one before (a producer uses one for all its tensors), and comparing an address costs less
+# than hashing it. One tuple, replaced whole, so that a reader on another thread sees a pair.
+_last_deleter: tuple[int, Any] = (0, None)
 # The dtypes by DLDataType word (compiled, a C global that `_tensor` looks up as a dict directly).
 _DTYPES: Final = DTYPE_BY_WORD
 
@@ -199,7 +203,8 @@ def _from_dlpack(ext_tensor: Any) -> Tensor:
     capsule_set_name(ext_tensor, used_name)
     if deleter:
         storage: Any = t._storage  # a DLPackStorage
-        storage.deleter = _deleter_of(deleter) or _deleter_function(deleter)  # cache hit inline
+        last = _last_deleter
+        storage.deleter = last[1] if last[0] == deleter else _deleter_function(deleter)
     return t
 
 
@@ -373,7 +378,11 @@ def _request(obj: Any, producer: _Producer, target: Device | None, copy: bool | 
     ):
         # An IntEnum pair (PyTorch), (kDLCPU, None) (PaddlePaddle), NumPy integers, or garbage.
         source = dlpack_pair(source, "from_dlpack", type(obj).__name__)
-    if target is None and copy is None and (source is None or source[0] in HOST_TYPES):
+    if (  # CPU first: a comparison, where the set lookup hashes
+        target is None
+        and copy is None
+        and (source is None or source[0] == _kDLCPU or source[0] in HOST_TYPES)
+    ):
         kwargs: dict[str, Any] = _MAX_VERSION_ONLY
     else:
         if copy and producer.immutable and source is not None and source[0] in HOST_TYPES:
@@ -629,7 +638,7 @@ def _open(capsule: Any, immutable: bool = False) -> tuple[Tensor, bytes, int]:
         # unless its producer is known to hand out immutable memory (`_immutable`).
         t = _tensor(
             managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,
-            immutable, False,
+            immutable, False, None,
         )  # fmt: skip
         return t, USED_DLTENSOR, deleter
     t, deleter = _versioned(managed)
@@ -663,20 +672,27 @@ def _release_unowned(managed: int) -> None:
 
 
 def _deleter_function(address: int) -> Any:
-    """The ctypes function that calls the producer's deleter at ``address`` (made once)."""
+    """The function that calls the producer's deleter at ``address`` (made once)."""
+    global _last_deleter  # noqa: PLW0603 (a one-entry cache is module state by nature)
+    last = _last_deleter
+    if last[0] == address:
+        return last[1]
     fn = _deleter_of(address)
-    return fn if fn is not None else remember(_DELETERS, address, _native.VoidFunction(address))
+    if fn is None:
+        fn = remember(_DELETERS, address, _native.VoidFunction(address))
+    _last_deleter = (address, fn)  # written only on a change: a write costs every global lookup
+    return fn
 
 
 def _versioned(managed: int) -> tuple[Tensor, int]:
     """The tensor a ``DLManagedTensorVersioned`` describes, with its flags, and its deleter's
     address; `BufferError` for another major version, before anything else is read."""
-    fields = read_versioned(managed)
+    fields = read_versioned(managed, MAX_NDIM)
     if fields is None:  # outside the readable range: `read` refuses the address, or reads it
-        fields = read(VERSIONED, managed)
+        fields = (*read(VERSIONED, managed), None)
     (
         major, minor, _ctx, deleter, flags,
-        data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,
+        data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset, dims,
     ) = fields  # fmt: skip
     if major != DLPACK_MAJOR_VERSION:
         # Nothing else may be trusted; the unrenamed capsule's destructor calls the deleter.
@@ -690,7 +706,7 @@ def _versioned(managed: int) -> tuple[Tensor, int]:
     copied = flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0
     t = _tensor(
         managed, data, dev_type, dev_id, ndim, dtype_word, shape_p, strides_p, byte_offset,
-        readonly, copied,
+        readonly, copied, dims,
     )  # fmt: skip
     return t, deleter
 
@@ -707,6 +723,7 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
     byte_offset: int,
     readonly: bool,
     copied: bool,
+    dims: tuple[tuple[int, ...], tuple[int, ...]] | None,
 ) -> Tensor:
     """The tensor a DLTensor describes, over a storage spanning exactly the bytes it reaches.
 
@@ -714,13 +731,15 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
     not fit the address space is refused rather than wrapped. NULL strides mean row-major: legal
     before DLPack 1.2 and accepted from any version. Size-0 tensors may have any strides and NULL
     data (the DLPack header allows both). The storage owns the managed tensor, but calls no deleter
-    until `_arm` arms it.
+    until `_arm` arms it. ``dims``: the shape and strides, when the caller read them already.
     """
     dtype = _DTYPES.get(dtype_word)
     if dtype is None:
         raise _unsupported_dtype(dtype_word)
     device = CPU if dev_type == _kDLCPU else Device.from_dlpack(dev_type, dev_id)
-    if 0 < ndim <= MAX_NDIM and shape_p and strides_p:
+    if dims is not None:  # read with the managed struct (`read_versioned`)
+        shape, strides = dims
+    elif 0 < ndim <= MAX_NDIM and shape_p and strides_p:
         dims = read_dims(shape_p, strides_p, ndim)
         if dims is None:  # outside the readable range: `read` refuses the address, or reads it
             dims = read(INT64_ARRAYS[ndim], shape_p), read(INT64_ARRAYS[ndim], strides_p)
@@ -743,7 +762,7 @@ def _tensor(  # the DLTensor's fields, as read, then what the managed tensor say
         )
         raise BufferError(msg)
     itemsize = dtype.itemsize
-    addressable = dev_type in ADDRESSABLE_TYPES
+    addressable = dev_type == _kDLCPU or dev_type in ADDRESSABLE_TYPES  # CPU: no set lookup
     if addressable:
         base, offset = data + byte_offset, 0
     else:

@@ -453,6 +453,8 @@ def _new_tuple(type cls not None, tuple items not None):
 # The structs, declared from the header (include/dlpack/dlpack.h): the C compiler lays them out, and
 # checks every access below against it. Only the fields read or written here are named.
 cdef extern from "dlpack/dlpack.h":
+    const int DLPACK_MAJOR_VERSION
+
     ctypedef struct DLDevice:
         int32_t device_type
         int32_t device_id
@@ -592,11 +594,13 @@ cdef inline bint _outside(uintptr_t address, size_t size) noexcept:
     return address > <uintptr_t>(PY_SSIZE_T_MAX - <Py_ssize_t>size)
 
 
-def read_versioned(uintptr_t address):
+def read_versioned(uintptr_t address, Py_ssize_t max_ndim):
     """The fields of the ``DLManagedTensorVersioned`` at ``address``, in `_dlpack_abi.VERSIONED_READ`'s
     order: major, minor, manager_ctx, deleter, flags, then the DLTensor's data, device type and id,
     ndim, dtype (its 4 bytes as one native uint32), shape, strides and byte_offset; pointers as
-    unsigned ints. None for an address outside ``[1, PY_SSIZE_T_MAX)``."""
+    unsigned ints. Then the shape and strides as read by `read_dims`, when the major version is this
+    header's, ``0 < ndim <= max_ndim`` and neither pointer is NULL, else None (nothing of another
+    major version may be trusted). None for an address outside ``[1, PY_SSIZE_T_MAX)``."""
     cdef DLManagedTensorVersioned m
     if _outside(address, sizeof(m)):
         return None
@@ -604,10 +608,16 @@ def read_versioned(uintptr_t address):
     cdef DLTensor* t = &m.dl_tensor
     cdef uint32_t word
     memcpy(&word, &t.dtype, sizeof(word))
+    dims = None
+    if (
+        m.version.major == DLPACK_MAJOR_VERSION
+        and 0 < t.ndim <= max_ndim and t.shape != NULL and t.strides != NULL
+    ):
+        dims = read_dims(<uintptr_t>t.shape, <uintptr_t>t.strides, t.ndim)
     return (
         m.version.major, m.version.minor, <uintptr_t>m.manager_ctx, <uintptr_t>m.deleter, m.flags,
         <uintptr_t>t.data, t.device.device_type, t.device.device_id, t.ndim, word,
-        <uintptr_t>t.shape, <uintptr_t>t.strides, t.byte_offset,
+        <uintptr_t>t.shape, <uintptr_t>t.strides, t.byte_offset, dims,
     )
 
 
@@ -624,7 +634,7 @@ cdef tuple _int64s(uintptr_t address, Py_ssize_t n):
     return out
 
 
-def read_dims(uintptr_t shape, uintptr_t strides, Py_ssize_t ndim):
+cpdef read_dims(uintptr_t shape, uintptr_t strides, Py_ssize_t ndim):
     """The ``ndim`` int64s at ``shape`` and the ``ndim`` at ``strides``, as a pair of tuples (what
     two reads of `_dlpack_abi.INT64_ARRAYS[ndim]` give); two empty tuples for ``ndim`` 0, whatever
     the addresses. None when either array lies outside ``[1, PY_SSIZE_T_MAX)``; `ValueError` for a

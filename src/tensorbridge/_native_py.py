@@ -20,7 +20,13 @@ from typing import Any, Final
 
 from . import _capi
 from ._capi import Py_buffer, Py_DecRef, PyBuffer_IsContiguous, PyObject_GetBuffer
-from ._dlpack_abi import INT64_ARRAYS, LEGACY_WRITE, VERSIONED_READ, VERSIONED_WRITE
+from ._dlpack_abi import (
+    DLPACK_MAJOR_VERSION,
+    INT64_ARRAYS,
+    LEGACY_WRITE,
+    VERSIONED_READ,
+    VERSIONED_WRITE,
+)
 
 __all__ = [
     "ManagedFromPy",
@@ -290,15 +296,21 @@ _MEMORY: Final = _capi.MEMORY
 _BASE: Final = _capi.MEMORY_BASE
 
 
-def read_versioned(address: int) -> tuple[int, ...] | None:
+def read_versioned(address: int, max_ndim: int) -> tuple[Any, ...] | None:
     """The fields of the ``DLManagedTensorVersioned`` at ``address``, in `_dlpack_abi.VERSIONED_READ`'s
     order: major, minor, manager_ctx, deleter, flags, then the DLTensor's data, device type and id,
     ndim, dtype (its 4 bytes as one native uint32), shape, strides and byte_offset; pointers as
-    unsigned ints. None for an address outside ``[1, PY_SSIZE_T_MAX)``."""
+    unsigned ints. Then the shape and strides as read by `read_dims`, when the major version is
+    `DLPACK_MAJOR_VERSION`, ``0 < ndim <= max_ndim`` and neither pointer is NULL, else None (nothing
+    of another major version may be trusted). None for an address outside ``[1, PY_SSIZE_T_MAX)``."""
     try:
-        return VERSIONED_READ.unpack_from(_MEMORY, address - _BASE)
+        fields = VERSIONED_READ.unpack_from(_MEMORY, address - _BASE)
     except (struct.error, OverflowError):
         return None
+    major, ndim, shape, strides = fields[0], fields[8], fields[10], fields[11]
+    if major == DLPACK_MAJOR_VERSION and 0 < ndim <= max_ndim and shape and strides:
+        return (*fields, read_dims(shape, strides, ndim))
+    return (*fields, None)
 
 
 def read_dims(

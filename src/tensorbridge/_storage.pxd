@@ -18,6 +18,8 @@ cdef class _SelfOwned(Storage):
 cdef class BufferStorage(_SelfOwned):
     cdef public object view
 
+cdef object _finalizing
+
 cdef class DLPackStorage(_SelfOwned):
     cdef public object deleter, managed
 

@@ -450,6 +450,11 @@ def offers_buffer(obj: object, flags: int = _capi.PY_BUF_FULL_RO) -> bool:
     return True
 
 
+# Compiled, a C global (see _storage.pxd): `DLPackStorage.__del__` calls it with no lookup, and it
+# outlives the module's dictionary at exit.
+_finalizing: Final[Callable[[], bool] | None] = sys.is_finalizing
+
+
 class DLPackStorage(_SelfOwned):
     """The storage of an imported DLPack managed tensor, which it owns: its ``deleter`` runs exactly
     once, when the storage dies.
@@ -473,13 +478,10 @@ class DLPackStorage(_SelfOwned):
         self.managed = managed  # the DLManagedTensor(Versioned)* handed to the deleter
         self.deleter: Any = None  # a ctypes function pointer, once armed
 
-    # Bound on the class, which outlives the module's globals at exit (a compiled `__del__` takes
-    # no default arguments).
-    _finalizing = staticmethod(sys.is_finalizing)
-
     def __del__(self) -> None:
         deleter, self.deleter = self.deleter, None
-        if deleter is None or self._finalizing():
+        # At exit the module's globals may already be None: then the deleter is skipped as well.
+        if deleter is None or _finalizing is None or _finalizing():
             return
         deleter(self.managed)
 
