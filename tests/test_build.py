@@ -123,6 +123,15 @@ def test_no_extensions_variable_zero_keeps_the_compiled_modules():
     assert report["modules"] == sorted(_recorded())
 
 
+def test_the_main_interpreter_is_not_routed():
+    """Only TENSORBRIDGE_NO_EXTENSIONS or a subinterpreter (tests/test_interpreters.py) routes an
+    interpreter to the .py files; this one is the main interpreter."""
+    assert _build.in_subinterpreter() is False
+    assert _build.source_reason() == (
+        "TENSORBRIDGE_NO_EXTENSIONS is set" if _build.disabled() else None
+    )
+
+
 def test_this_process_runs_the_build_it_reports():
     """In this process too, each listed module's file is an extension module."""
     info = tb.build_info()

@@ -23,9 +23,10 @@ from __future__ import annotations
 __version__ = "0.1.0"
 __all__ = ["__version__"]
 
-from . import _build  # first: TENSORBRIDGE_NO_EXTENSIONS routes every later import to the .py files
+# First: TENSORBRIDGE_NO_EXTENSIONS, or a subinterpreter, routes every later import to the .py files.
+from . import _build
 
-if _build.disabled():
+if _build.source_reason() is not None:
     _build.route_to_source(__path__)
 
 from ._build import build_info
@@ -92,6 +93,10 @@ __all__ += ["load_npy", "save_npy"]
 from ._convert import as_tensor, asarray, from_numpy, from_pointer, tensor, to_torch
 
 __all__ += ["as_tensor", "asarray", "from_numpy", "from_pointer", "tensor", "to_torch"]
+
+from ._shareable import from_shareable, to_shareable
+
+__all__ += ["from_shareable", "to_shareable"]
 
 from . import utils
 

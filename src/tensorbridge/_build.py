@@ -3,12 +3,16 @@
 A non-editable install compiles the hot modules from the same ``.py`` files, which ship beside the
 extension modules (see setup.py). Setting ``TENSORBRIDGE_NO_EXTENSIONS`` (to anything but ``0``)
 before ``import tensorbridge`` runs the ``.py`` files instead: `route_to_source` makes the package's
-submodule imports skip the extension modules. This module is never compiled and imports nothing of
-tensorbridge, so the package can import it before any other submodule.
+submodule imports skip the extension modules. A subinterpreter is routed so on its own
+(`source_reason`): the compiled modules keep process-wide state, so CPython refuses them in an
+interpreter with its own GIL and Cython in any second interpreter; each interpreter has its own
+import system, so the main one keeps the compiled build. This module is never compiled and
+imports nothing of tensorbridge, so the package can import it before any other submodule.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -25,12 +29,23 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Final
 
-__all__ = ["DISABLE_VARIABLE", "BuildInfo", "build_info", "disabled", "route_to_source"]
+__all__ = [
+    "DISABLE_VARIABLE",
+    "BuildInfo",
+    "build_info",
+    "disabled",
+    "in_subinterpreter",
+    "route_to_source",
+    "source_reason",
+]
 
 DISABLE_VARIABLE: Final = "TENSORBRIDGE_NO_EXTENSIONS"
 _PACKAGE: Final = __name__.rpartition(".")[0]
 _RECORD: Final = Path(__file__).with_name("_build_record.json")
 _routed: list[str] = []  # the package directories route_to_source has routed
+_SUBINTERPRETER_REASON: Final = (
+    "a subinterpreter (the compiled modules load in the main interpreter only)"
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,32 @@ class BuildInfo:
 def disabled() -> bool:
     """Whether ``TENSORBRIDGE_NO_EXTENSIONS`` asks for the pure-Python modules."""
     return os.environ.get(DISABLE_VARIABLE, "") not in ("", "0")
+
+
+def in_subinterpreter() -> bool:
+    """Whether this interpreter is not the process's main interpreter (CPython's `_interpreters`,
+    3.13 and later, or `_xxsubinterpreters` before; False where neither exists)."""
+    for name in ("_interpreters", "_xxsubinterpreters"):
+        try:
+            interpreters = importlib.import_module(name)
+        except ImportError:
+            continue
+        current, main = interpreters.get_current(), interpreters.get_main()
+        # 3.13+: (id, whence) pairs; 3.12: interpreter ids, which convert to int.
+        if isinstance(current, tuple):
+            current, main = current[0], main[0]
+        return bool(int(current) != int(main))
+    return False
+
+
+def source_reason() -> str | None:
+    """Why this interpreter must run the ``.py`` files (`TENSORBRIDGE_NO_EXTENSIONS`, or being a
+    subinterpreter), or None when the compiled modules may load."""
+    if disabled():
+        return f"{DISABLE_VARIABLE} is set"
+    if in_subinterpreter():
+        return _SUBINTERPRETER_REASON
+    return None
 
 
 def route_to_source(package_path: list[str]) -> None:
@@ -117,7 +158,7 @@ def build_info() -> BuildInfo:
         cython = record.get("cython")
         return BuildInfo("compiled", tuple(sorted(modules)), str(cython), reason)
     if names and _routed:
-        reason = f"{DISABLE_VARIABLE} is set"
+        reason = source_reason() or "routed to the .py files"
     elif names:
         reason = "the compiled modules did not load"
     elif record:

@@ -36,7 +36,7 @@ because their ``bytes`` always come from the stream, so a writable tensor stays 
 from __future__ import annotations
 
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from ._args import as_int
 from ._buffer_export import host_memoryview
@@ -50,17 +50,32 @@ if TYPE_CHECKING:
     from ._tensor import Tensor
 
 __all__ = [
+    "PICKLE",
+    "Reader",
     "buffer_storage",
     "checked_layout",
     "checked_nbytes",
     "reduce_args",
     "refusal",
+    "span_bytes",
     "storage_over",
 ]
 
-# What every refusal of a pickle ends with: how to get one tensorbridge will load.
-_REPICKLE = (
-    "The pickle was damaged or altered after tensorbridge wrote it; pickle the tensor again."
+
+class Reader(NamedTuple):
+    """Who reads a tensor's description, as its refusals say it: the function the user called,
+    what the description is called, and the fix every refusal ends with."""
+
+    api: str
+    subject: str
+    fix: str
+
+
+# Pickles (`_tensor`'s rebuild functions, `_shared`, `_dask`'s headers).
+PICKLE: Final = Reader(
+    "pickle.loads",
+    "a pickled tensor",
+    "The pickle was damaged or altered after tensorbridge wrote it; pickle the tensor again.",
 )
 
 
@@ -107,25 +122,36 @@ def _pickled_bytes(t: Tensor) -> tuple[memoryview | bytearray, int, tuple[int, .
     When the elements span no more memory than they number (contiguous in any dimension order,
     reversed, broadcast), that span is sent and the layout kept; a view with gaps is packed.
     """
-    storage, itemsize = t._storage, t._dtype.itemsize
-    span = extent(t._offset, t._shape, t._strides)
+    span = span_bytes(t)
     if span is None:
         return bytearray(), 0, t._strides  # no elements, no bytes: any strides fit
-    low, high = span
-    if high - low + 1 <= t.numel():
-        view = host_memoryview(
-            storage.ptr + low * itemsize,
-            uint8.buffer_format,
-            1,
-            ((high - low + 1) * itemsize,),
-            readonly=storage.readonly,
-            owner=storage.owner,
-        )
-        return view, t._offset - low, t._strides
+    view, offset = span
+    if view.nbytes <= t.numel() * t._dtype.itemsize:
+        return view, offset, t._strides
     return t._bytes("__reduce_ex__"), 0, contiguous_strides(t._shape)
 
 
-def buffer_storage(data: Any, readonly: bool) -> Storage:
+def span_bytes(t: Tensor) -> tuple[memoryview, int] | None:
+    """A 1-d ``uint8`` memoryview of every byte a host tensor's elements span, gaps included,
+    over the tensor's own memory (read-only when it is; it keeps the memory alive by itself), and
+    the tensor's element offset inside it; None when the tensor has no elements."""
+    storage, itemsize = t._storage, t._dtype.itemsize
+    span = extent(t._offset, t._shape, t._strides)
+    if span is None:
+        return None
+    low, high = span
+    view = host_memoryview(
+        storage.ptr + low * itemsize,
+        uint8.buffer_format,
+        1,
+        ((high - low + 1) * itemsize,),
+        readonly=storage.readonly,
+        owner=storage.owner,
+    )
+    return view, t._offset - low
+
+
+def buffer_storage(data: Any, readonly: bool, reader: Reader = PICKLE) -> Storage:
     """Protocol 5: a storage over ``data``'s own memory, never a copy.
 
     ``data`` is the in-band ``bytearray`` or ``bytes``, or the out-of-band buffer passed to
@@ -145,8 +171,12 @@ def buffer_storage(data: Any, readonly: bool) -> Storage:
         try:
             held, view = hold_buffer(data, READONLY_REQUEST)
         except Exception as exc:
-            fix = "Pass the buffers that buffer_callback received, or contiguous copies of them."
-            raise BufferError(_not_memory(data, exc, "buffer", fix)) from None
+            fix = (
+                "Pass the buffers that buffer_callback received, or contiguous copies of them."
+                if reader is PICKLE
+                else reader.fix
+            )
+            raise BufferError(_not_memory(data, exc, "buffer", fix, reader)) from None
     return Storage(view.buf or 0, view.len, CPU, readonly, held)
 
 
@@ -161,13 +191,13 @@ def storage_over(data: Any, readonly: bool) -> Storage:
     # Exporters word "not writable" as BufferError, ValueError (NumPy), ...
     except Exception as exc:
         if readonly:
-            raise BufferError(_not_memory(data, exc, "data", _REPICKLE)) from None
+            raise BufferError(_not_memory(data, exc, "data", PICKLE.fix, PICKLE)) from None
         # A read-only buffer for a writable tensor (``bytes`` from protocol <= 4, out-of-band
         # buffers the receiver made read-only): copy, so the tensor is writable as it was.
         try:
             source = memoryview(data).cast("B")
         except Exception as exc:
-            raise BufferError(_not_memory(data, exc, "data", _REPICKLE)) from None
+            raise BufferError(_not_memory(data, exc, "data", PICKLE.fix, PICKLE)) from None
         storage = allocate(source.nbytes)
         if source.nbytes:
             storage.host_view("__reduce_ex__")[:] = source
@@ -182,6 +212,7 @@ def checked_layout(
     offset: object,
     readonly: object,
     requires_grad: object,
+    reader: Reader = PICKLE,
 ) -> tuple[DType, tuple[int, ...], tuple[int, ...], int, bool, bool]:
     """What a pickle says about a tensor, checked before anything is built from it.
 
@@ -202,45 +233,46 @@ def checked_layout(
             ``MAX_NDIM`` dimensions, not one stride per dimension, or a number past int64.
     """
     dtype = BY_NAME.get(dtype_name) if type(dtype_name) is str else None
+    who = reader.subject
     if dtype is None:
-        msg = f"a pickled tensor's dtype {short_repr(dtype_name)} is not a tensorbridge dtype"
-        raise ValueError(refusal(msg))
-    sizes = _ints(shape, "shape")
+        msg = f"{who}'s dtype {short_repr(dtype_name)} is not a tensorbridge dtype"
+        raise ValueError(refusal(msg, reader))
+    sizes = _ints(shape, "shape", reader)
     if len(sizes) > MAX_NDIM:
-        msg = f"a pickled tensor has {len(sizes)} dimensions; at most {MAX_NDIM} are supported"
-        raise ValueError(refusal(msg))
+        msg = f"{who} has {len(sizes)} dimensions; at most {MAX_NDIM} are supported"
+        raise ValueError(refusal(msg, reader))
     if any(size < 0 for size in sizes):
-        raise ValueError(refusal(f"a pickled tensor's shape {list(sizes)} has a negative size"))
+        raise ValueError(refusal(f"{who}'s shape {list(sizes)} has a negative size", reader))
     try:
-        check_sizes(sizes, "pickle.loads", "a pickled tensor's shape", ValueError)
+        check_sizes(sizes, reader.api, f"{who}'s shape", ValueError)
     except ValueError as exc:
-        msg = f"{exc} {_REPICKLE}"
+        msg = f"{exc} {reader.fix}"
         raise ValueError(msg) from None
-    steps = _ints(strides, "strides")
+    steps = _ints(strides, "strides", reader)
     if len(steps) != len(sizes):
         msg = (
-            f"a pickled tensor's strides {list(steps)} do not match its shape {list(sizes)}: "
+            f"{who}'s strides {list(steps)} do not match its shape {list(sizes)}: "
             f"one stride per dimension"
         )
-        raise ValueError(refusal(msg))
+        raise ValueError(refusal(msg, reader))
     for step in steps:
         if abs(step) > MAX_SIZE:
             msg = (
-                f"a pickled tensor's strides {list(steps)} hold {step}, past int64: a stride is "
+                f"{who}'s strides {list(steps)} hold {step}, past int64: a stride is "
                 f"at most 2**63 - 1 elements either way"
             )
-            raise ValueError(refusal(msg))
-    start = _int(offset, "storage offset must be an int")
+            raise ValueError(refusal(msg, reader))
+    start = _int(offset, "storage offset must be an int", reader)
     if not 0 <= start <= MAX_SIZE:
-        msg = f"a pickled tensor's storage offset must be 0 to 2**63 - 1; got {start}"
-        raise ValueError(refusal(msg))
+        msg = f"{who}'s storage offset must be 0 to 2**63 - 1; got {start}"
+        raise ValueError(refusal(msg, reader))
     return (
         dtype,
         sizes,
         steps,
         start,
-        _flag(readonly, "read-only flag"),
-        _flag(requires_grad, "requires_grad"),
+        _flag(readonly, "read-only flag", reader),
+        _flag(requires_grad, "requires_grad", reader),
     )
 
 
@@ -253,55 +285,55 @@ def checked_nbytes(nbytes: object) -> int:
         TypeError: not an integer (``1.5``, ``"8"``, ``None``, ``True``).
         ValueError: negative, or past int64.
     """
-    count = _int(nbytes, "byte count (nbytes) must be an int")
+    count = _int(nbytes, "byte count (nbytes) must be an int", PICKLE)
     if not 0 <= count <= MAX_SIZE:
         msg = f"a pickled tensor's byte count (nbytes) must be 0 to 2**63 - 1; got {count}"
         raise ValueError(refusal(msg))
     return count
 
 
-def refusal(what: str) -> str:
-    """The message for a refused pickle: the function, what is wrong with it, and the fix."""
-    return f"pickle.loads(): {what}. {_REPICKLE}"
+def refusal(what: str, reader: Reader = PICKLE) -> str:
+    """The message for a refused description: the function, what is wrong with it, and the fix."""
+    return f"{reader.api}(): {what}. {reader.fix}"
 
 
-def _not_memory(data: object, exc: BaseException, what: str, fix: str) -> str:
-    """The message for a pickled tensor's bytes that export no C-contiguous memory."""
+def _not_memory(data: object, exc: BaseException, what: str, fix: str, reader: Reader) -> str:
+    """The message for a tensor's bytes that export no C-contiguous memory."""
     return (
-        f"pickle.loads(): a tensor's {what} must export C-contiguous memory; got "
+        f"{reader.api}(): a tensor's {what} must export C-contiguous memory; got "
         f"{type(data).__name__} ({type(exc).__name__}: {exc}). {fix}"
     )
 
 
-def _ints(values: object, what: str) -> tuple[int, ...]:
-    """A pickled tuple of ints (a list is taken too), each by `_int`."""
+def _ints(values: object, what: str, reader: Reader) -> tuple[int, ...]:
+    """A tuple of ints (a list is taken too), each by `_int`."""
     if not isinstance(values, (tuple, list)):
         msg = (
-            f"a pickled tensor's {what} must be a tuple of ints; got {short_repr(values)} "
+            f"{reader.subject}'s {what} must be a tuple of ints; got {short_repr(values)} "
             f"({type(values).__name__})"
         )
-        raise TypeError(refusal(msg))
-    return tuple([_int(v, f"{what} must hold ints", values) for v in values])
+        raise TypeError(refusal(msg, reader))
+    return tuple([_int(v, f"{what} must hold ints", reader, values) for v in values])
 
 
-def _int(value: object, rule: str, within: object = None) -> int:
-    """One pickled integer (``within`` the tuple that holds it), by `_args.as_int`'s rule;
-    refused in a pickle's words."""
+def _int(value: object, rule: str, reader: Reader, within: object = None) -> int:
+    """One integer (``within`` the tuple that holds it), by `_args.as_int`'s rule; refused in
+    ``reader``'s words."""
     try:
-        return as_int(value, "pickle.loads", "value")
+        return as_int(value, reader.api, "value")
     except TypeError:
         pass
     got = short_repr(value) if within is None else f"{short_repr(value)} in {short_repr(within)}"
-    msg = f"a pickled tensor's {rule}; got {got} ({type(value).__name__})"
-    raise TypeError(refusal(msg))
+    msg = f"{reader.subject}'s {rule}; got {got} ({type(value).__name__})"
+    raise TypeError(refusal(msg, reader))
 
 
-def _flag(value: object, what: str) -> bool:
-    """A pickled flag: exactly True or False."""
+def _flag(value: object, what: str, reader: Reader) -> bool:
+    """A flag: exactly True or False."""
     if type(value) is not bool:
         msg = (
-            f"a pickled tensor's {what} must be True or False; got {short_repr(value)} "
+            f"{reader.subject}'s {what} must be True or False; got {short_repr(value)} "
             f"({type(value).__name__})"
         )
-        raise TypeError(refusal(msg))
+        raise TypeError(refusal(msg, reader))
     return value
