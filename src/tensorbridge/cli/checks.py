@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import importlib
 import mmap
 import os
 import subprocess
@@ -41,6 +42,7 @@ __all__ = [
     "CHECKS",
     "HOMES",
     "READONLY_PROTECTION",
+    "SUBINTERPRETER",
     "Check",
     "ChildCheck",
     "check_numpy_readonly",
@@ -359,6 +361,58 @@ def _check_from_pointer(sides: dict[str, Side]) -> str:
         "from_pointer(5 int32 in 16 bytes)",
     )
     return f"the owner lives exactly as long as the views; a layout beyond nbytes raises {kind}"
+
+
+SUBINTERPRETER: Final = "tensors cross to a subinterpreter and back without a copy"
+_SUBINTERPRETER_SIDE: Final = """
+import tensorbridge as tb
+u, r = tb.from_shareable(q.get()), tb.from_shareable(q.get())
+u[1] = 5
+try:
+    r[0] = 9
+    refused = False
+except Exception:
+    refused = True
+q.put((tb.build_info().kind, u.data_ptr(), r.data_ptr(), r.is_readonly, refused))
+q.put(tb.to_shareable(tb.full((3,), 2.0)))
+"""
+
+
+@_check(SUBINTERPRETER)
+def _check_subinterpreter(sides: dict[str, Side]) -> str:
+    try:
+        interpreters = importlib.import_module("concurrent.interpreters")  # CPython 3.14+
+    except ImportError:
+        msg = f"needs CPython 3.14's concurrent.interpreters; this is {sys.version.split()[0]}"
+        raise _Skipped(msg) from None
+    t = tb.zeros(4)
+    ro = tb.frombuffer(bytes(range(1, 5)), dtype=tb.uint8)
+    interp = interpreters.create()  # its own GIL
+    try:
+        q = interpreters.create_queue()
+        interp.prepare_main(q=q)
+        q.put(tb.to_shareable(t))
+        q.put(tb.to_shareable(ro))
+        interp.exec(_SUBINTERPRETER_SIDE)
+        kind, t_ptr, ro_ptr, readonly, refused = q.get()
+        back = tb.from_shareable(q.get())
+    finally:
+        interp.close()  # the sender of `back` closes first: its memory must stay valid
+    gc.collect()
+    back[0] = 1.0
+    if (t_ptr, ro_ptr) != (t.data_ptr(), ro.data_ptr()):
+        msg = "the subinterpreter's tensors are at other addresses: the memory was copied"
+        raise _Failed(msg)
+    if t.tolist() != [0.0, 5.0, 0.0, 0.0] or back.tolist() != [1.0, 2.0, 2.0]:
+        msg = f"writes were lost: sent {t.tolist()}, received {back.tolist()}"
+        raise _Failed(msg)
+    if not (readonly and refused) or ro.tolist() != [1, 2, 3, 4]:
+        msg = "a read-only tensor became writable in the subinterpreter"
+        raise _Failed(msg)
+    return (
+        f"to_shareable/from_shareable with an own-GIL interpreter ({kind} there): one address, "
+        f"writes seen both ways, read-only kept, memory valid after the sender closed"
+    )
 
 
 def _dlpack_refusal(x: Any) -> str | None:

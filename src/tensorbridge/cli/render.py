@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Final
 import tensorbridge as tb
 from tensorbridge.testing import DTYPES
 
-from .checks import Check
+from .checks import SUBINTERPRETER, Check
 from .environment import Library, install_spec
 from .exchange import BROKEN, COPIED, CRASHED, NONE, REFUSED, SHARED, Cell, writable_sides
 from .registry import PEERS
@@ -504,6 +504,18 @@ def _verdict(report: Report) -> str:
     return f"BROKEN: tensorbridge broke {n} guarantee{'s' if n != 1 else ''} (listed below)."
 
 
+def _interpreter_lines(report: Report, marks: tuple[str, str]) -> list[str]:
+    """A line for the subinterpreter check where it ran (CPython 3.14 and later)."""
+    for check in report.checks:
+        if check.name == SUBINTERPRETER and check.ok is not None:
+            said = "without a copy" if check.ok else "FAILED (below)"
+            there = "pure-Python" if "pure-python there" in check.detail else "compiled"
+            return [
+                _clip(f"subinterpreters: {marks[not check.ok]} tensors cross {said}; {there} there")
+            ]
+    return []
+
+
 def summary(report: Report, *, ascii_only: bool = False) -> list[str]:
     """The report's first lines (at most `SUMMARY_LINES`): the build, the verdict, one line per
     peer, what to install, and where the details are."""
@@ -517,6 +529,7 @@ def summary(report: Report, *, ascii_only: bool = False) -> list[str]:
         f"tensorbridge {tb.__version__} doctor, Python {platform.python_version()} "
         f"({platform.python_implementation()}) on {platform.system()} {platform.machine()}",
         _clip(f"build: {built}"),
+        *_interpreter_lines(report, marks),
         _verdict(report),
     ]
     hint = no_library_hint(report.libraries)
