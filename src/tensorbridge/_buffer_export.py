@@ -1,16 +1,19 @@
 """Buffer-protocol export: ``Tensor.__buffer__`` (PEP 688: ``memoryview(t)``) and ``as_memoryview()``.
 
 Below `Tensor`: it reads a tensor's storage, layout and dtype. The memoryview handed out keeps the
-memory alive by itself, through the export registry (`_exports`), after the tensor is gone too.
+memory alive by itself, through the export registry (`_exports`), after the tensor is gone too; in a
+subinterpreter, by references as well (`host_memoryview`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import pickle
+import sys
 from typing import TYPE_CHECKING, Final
 
 from . import _capi, _exports
+from ._build import in_subinterpreter
 from ._layout import contiguous_strides
 
 if TYPE_CHECKING:
@@ -26,6 +29,26 @@ __all__ = ["buffer_export", "host_memoryview"]
 
 # PyMemoryView_FromBuffer refuses NULL: a view of zero bytes needs some valid address.
 _EMPTY: Final = ctypes.c_char()
+
+# Closing a subinterpreter clears its modules' globals, the export registry among them, while a view
+# it handed to another interpreter may live on; there, views also reach their memory's owner by
+# references alone (`_Held`). A class's __buffer__ makes a buffer from Python 3.12 on.
+_HOLD_BY_REFERENCE: Final = sys.version_info >= (3, 12) and in_subinterpreter()
+
+
+class _Held:
+    """The exporter of a view handed out in a subinterpreter: it holds the registered view and what
+    keeps its memory valid, and CPython keeps the exporter of a ``__buffer__`` view alive with the
+    view, so the memory outlives the registry."""
+
+    __slots__ = ("_keep", "_view")
+
+    def __init__(self, view: memoryview, keep: object) -> None:
+        self._view = view
+        self._keep = keep
+
+    def __buffer__(self, flags: int) -> memoryview:
+        return memoryview(self._view)
 
 
 def host_memoryview(
@@ -61,8 +84,9 @@ def host_memoryview(
     # Registered only now that `outer` exports `inner`: a reap (any garbage collection, on any
     # thread) may release every registered inner view that nothing exports. `inner` copied shape
     # and strides; keeping the arrays as well means no pointer left in its manager can dangle.
-    _exports.hold_view(inner, (owner, shape_array, strides_array), outer)
-    return outer
+    keep = (owner, shape_array, strides_array)
+    _exports.hold_view(inner, keep, outer)
+    return memoryview(_Held(outer, keep)) if _HOLD_BY_REFERENCE else outer
 
 
 def buffer_export(t: Tensor, flags: int) -> memoryview:

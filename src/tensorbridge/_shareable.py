@@ -15,14 +15,15 @@ builds a tensor over the received memory (`_pickle.buffer_storage`): a write on 
 seen on the other, and a read-only tensor stays read-only.
 
 Lifetime: the memoryview holds a buffer export of the tensor's memory, so the memory lives while
-any view of it lives, in any interpreter. If the interpreter that sent it is closed first, the
-memory stays valid in the others but is never freed: CPython can no longer release the export in
-an interpreter that is gone, so it leaks it rather than freeing memory still in use.
+any view of it lives, in any interpreter (in a subinterpreter, whose close clears the export
+registry, `_buffer_export.host_memoryview` holds the owner by references too). If the interpreter
+that sent it is closed first, the memory stays valid in the others but is never freed: CPython can
+no longer release the export in an interpreter that is gone, so it leaks it rather than freeing
+memory still in use.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Final
 
 from . import _pickle
@@ -40,26 +41,6 @@ _READER: Final = _pickle.Reader(
     "a shared tensor",
     "Pass the tuple tensorbridge.to_shareable() returned, unchanged.",
 )
-
-
-class _Span:
-    """The exporter of a shareable tuple's bytes, holding the memory's owner itself.
-
-    The view `_pickle.span_bytes` makes keeps the owner through tensorbridge's export registry, a
-    module global: an interpreter being closed clears its modules' globals, which would free the
-    memory under a view another interpreter still holds. A memoryview of this object reaches the
-    owner by references alone (CPython keeps the exporter of a ``__buffer__`` view, Python 3.12
-    and later), so the memory outlives the interpreter that sent it.
-    """
-
-    __slots__ = ("_owner", "_view")
-
-    def __init__(self, view: memoryview, owner: object) -> None:
-        self._view = view
-        self._owner = owner
-
-    def __buffer__(self, flags: int) -> memoryview:
-        return memoryview(self._view)
 
 
 def to_shareable(obj: Any) -> tuple[Any, ...]:
@@ -107,10 +88,7 @@ def to_shareable(obj: Any) -> tuple[Any, ...]:
     if span is None:  # no elements: no bytes, and any strides fit
         data, offset = memoryview(b"" if storage.readonly else bytearray()), 0
     else:
-        view, offset = span
-        # A class's __buffer__ makes a buffer from Python 3.12 on; interpreters share memoryviews
-        # from 3.13 (concurrent.interpreters is 3.14's).
-        data = memoryview(_Span(view, storage.owner)) if sys.version_info >= (3, 12) else view
+        data, offset = span
     return (
         TAG,
         data,
