@@ -712,3 +712,30 @@ print("ok")
 """
     proc = subprocess_run(program)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", "")
+
+
+# --------------------------------------------------------------------------------------------------
+# 16. Memory shared with another interpreter outlives every view of it there.
+
+
+def test_memory_from_a_closed_interpreter_stays_valid(subprocess_run: Any) -> None:
+    """A view made in a subinterpreter that is closed first still reads its values (the memory is
+    leaked, never freed under the view)."""
+    pytest.importorskip("concurrent.interpreters")
+    program = """
+import gc
+from concurrent import interpreters
+import tensorbridge as tb
+interp = interpreters.create()
+q = interpreters.create_queue()
+interp.prepare_main(q=q)
+interp.exec("import tensorbridge as tb; t = tb.full((4096,), 3.0); q.put(t.as_memoryview()); q.put(tb.to_shareable(t))")
+views = [tb.asarray(q.get()), tb.from_shareable(q.get())]
+interp.close()
+gc.collect()
+churn = [tb.full((4096,), -1.0) for _ in range(8)]
+assert [v.tolist() == [3.0] * 4096 for v in views] == [True, True]
+print("ok")
+"""
+    proc = subprocess_run(program)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", "")
