@@ -754,6 +754,9 @@ def test_doctor_summary_comes_first(full_run):
     assert summary[0].startswith(f"tensorbridge {tb.__version__} doctor, Python ")
     assert summary[1].startswith(("build: pure-Python", "build: compiled"))
     assert summary[2].startswith("OK: tensorbridge kept every guarantee it checked")
+    crossed = f"subinterpreters: {_CHECK} tensors cross without a copy; pure-Python there"
+    has_interpreters = importlib.util.find_spec("concurrent.interpreters") is not None
+    assert (summary[3] == crossed) == has_interpreters  # CPython 3.14 and later
     assert summary[-1].startswith("More: --verbose (every exchange, dtype and check")
     assert not summary[-1].endswith("...")
     assert verbose.startswith("\n".join(summary) + "\n\n")

@@ -529,8 +529,8 @@ def summary(report: Report, *, ascii_only: bool = False) -> list[str]:
         f"tensorbridge {tb.__version__} doctor, Python {platform.python_version()} "
         f"({platform.python_implementation()}) on {platform.system()} {platform.machine()}",
         _clip(f"build: {built}"),
-        *_interpreter_lines(report, marks),
         _verdict(report),
+        *_interpreter_lines(report, marks),
     ]
     hint = no_library_hint(report.libraries)
     hint_lines = textwrap.wrap(hint, WIDTH) if hint else []
