@@ -158,6 +158,16 @@ def _with(index: int, value: object) -> tuple:
     return tuple(shared)
 
 
+class _Incomparable:
+    """A first item whose comparison raises, as a NumPy array's truth value does."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("ambiguous")
+
+    __ne__ = __eq__
+    __hash__ = None  # type: ignore[assignment]
+
+
 # Built in the test, not at collection: a tuple's memoryview is an export held while it lives.
 NOT_SHAREABLE = {
     "none": lambda: None,
@@ -166,6 +176,7 @@ NOT_SHAREABLE = {
     "short": lambda: _good()[:7],
     "long": lambda: (*_good(), None),
     "as-list": lambda: list(_good()),
+    "tag-not-str": lambda: (_Incomparable(), *_good()[1:]),
 }
 
 

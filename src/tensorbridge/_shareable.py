@@ -10,8 +10,8 @@ that exported it. Everything else, a `Tensor` included, is pickled on ``Queue.pu
 `to_shareable` turns a tensor into a tuple of shareable values only: a ``uint8`` memoryview over
 the bytes its elements span (gaps included, so nothing is copied, a strided view too), and its
 dtype's name, shape, strides, element offset in that span, read-only flag and ``requires_grad``.
-`from_shareable` checks that description as a pickle's is checked (`_pickle.checked_layout`), and
-builds a tensor over the received memory (`_pickle.buffer_storage`): a write on either side is
+`from_shareable` checks and rebuilds that description as a protocol-5 pickle's is
+(`_tensor._rebuild_from_buffer`, in its own words): a write on either side is
 seen on the other, and a read-only tensor stays read-only.
 
 Lifetime: the memoryview holds a buffer export of the tensor's memory, so the memory lives while
@@ -29,7 +29,7 @@ from typing import Any, Final
 from . import _pickle
 from ._convert import convert
 from ._errors import release_frames, short_repr
-from ._tensor import Tensor
+from ._tensor import Tensor, _rebuild_from_buffer
 
 __all__ = ["TAG", "from_shareable", "to_shareable"]
 
@@ -81,7 +81,8 @@ def to_shareable(obj: Any) -> tuple[Any, ...]:
     if not storage.device.is_host_accessible:
         msg = (
             f"{api}(): the tensor's memory is on {storage.device}; only host memory can be shared "
-            f"between interpreters. Copy it to the host first (t.to('cpu'))."
+            f"between interpreters. Copy it to the host with the library that owns the device "
+            f"memory first."
         )
         raise BufferError(msg)
     span = _pickle.span_bytes(t)
@@ -125,7 +126,12 @@ def from_shareable(obj: Any) -> Tensor:
         >>> t
         tensor([7., 0., 0.])
     """
-    if type(obj) is not tuple or len(obj) != len(_FIELDS) or obj[0] != TAG:
+    if (
+        type(obj) is not tuple
+        or len(obj) != len(_FIELDS)
+        or type(obj[0]) is not str
+        or obj[0] != TAG
+    ):
         msg = (
             f"from_shareable(): expected the tuple tensorbridge.to_shareable() returns "
             f"({', '.join(_FIELDS)}; its first item {TAG!r}); got {short_repr(obj)} "
@@ -134,11 +140,6 @@ def from_shareable(obj: Any) -> Tensor:
         )
         raise TypeError(msg)
     _, data, dtype_name, shape, strides, offset, readonly, requires_grad = obj
-    dtype, shape, strides, offset, readonly, requires_grad = _pickle.checked_layout(
-        dtype_name, shape, strides, offset, readonly, requires_grad, _READER
+    return _rebuild_from_buffer(
+        data, dtype_name, shape, strides, offset, readonly, requires_grad, _READER
     )
-    storage = _pickle.buffer_storage(data, readonly, _READER)
-    t = Tensor._new(storage, offset, shape, strides, dtype, "from_shareable")
-    if requires_grad:
-        t.requires_grad_(True)
-    return t

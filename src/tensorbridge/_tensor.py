@@ -1269,13 +1269,15 @@ def _rebuild_from_buffer(
     offset: int,
     readonly: bool,
     requires_grad: bool,
+    reader: _pickle.Reader = _pickle.PICKLE,
 ) -> Tensor:
-    """Unpickle protocol 5: a tensor over ``data``'s memory, never a copy (see `_pickle`)."""
+    """Unpickle protocol 5: a tensor over ``data``'s memory, never a copy (see `_pickle`); also
+    `_shareable.from_shareable`'s rebuild, whose ``reader`` names it in refusals."""
     dtype, shape, strides, offset, readonly, requires_grad = _pickle.checked_layout(
-        dtype_name, shape, strides, offset, readonly, requires_grad
+        dtype_name, shape, strides, offset, readonly, requires_grad, reader
     )
-    storage = _pickle.buffer_storage(data, readonly)
-    return _rebuilt(storage, dtype, shape, strides, offset, requires_grad)
+    storage = _pickle.buffer_storage(data, readonly, reader)
+    return _rebuilt(storage, dtype, shape, strides, offset, requires_grad, reader.api)
 
 
 def _reduce_for_process(t: Tensor) -> tuple[Any, tuple[Any, ...]]:
@@ -1324,8 +1326,9 @@ def _rebuilt(
     strides: tuple[int, ...],
     offset: int,
     requires_grad: bool,
+    api: str = "pickle.loads",
 ) -> Tensor:
-    t = Tensor._new(storage, offset, shape, strides, dtype, "pickle.loads")
+    t = Tensor._new(storage, offset, shape, strides, dtype, api)
     if requires_grad:
         t.requires_grad_(True)
     return t
